@@ -1,0 +1,45 @@
+"""Admission control: readiness, draining, and a bounded number of inferences in flight."""
+
+from __future__ import annotations
+
+import threading
+
+from app.errors import NotReady, Overloaded
+
+
+class Admission:
+    """Counts inferences in flight; past the limit a request is refused at once, never queued."""
+
+    def __init__(self, max_in_flight: int) -> None:
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
+        self.ready = False
+        self.draining = False
+        self.not_ready_reason = "models are loading"
+        self._lock = threading.Lock()  # released from worker threads, acquired on the event loop
+        self._idle = threading.Condition(self._lock)
+
+    @property
+    def accepting(self) -> bool:
+        return self.ready and not self.draining
+
+    def enter(self) -> None:
+        with self._lock:
+            if self.draining:
+                raise NotReady("server is shutting down; retry on another replica")
+            if not self.ready:
+                raise NotReady(f"server is not ready: {self.not_ready_reason}")
+            if self.in_flight >= self.max_in_flight:
+                raise Overloaded(f"{self.in_flight} requests in flight, the limit (NORMSERVE_MAX_IN_FLIGHT)")
+            self.in_flight += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until nothing is in flight or the timeout passes; True when idle."""
+        with self._lock:
+            return self._idle.wait_for(lambda: self.in_flight == 0, timeout)

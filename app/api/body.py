@@ -1,0 +1,60 @@
+"""Reading request bodies: size limits before and after decompression, and Content-Type checks."""
+
+from __future__ import annotations
+
+import zlib
+
+from starlette.requests import Request
+
+from app.errors import MalformedBody, PayloadTooLarge, UnsupportedMediaType
+
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def require_json(request: Request) -> None:
+    """An absent Content-Type is fine (curl -d sends a form type only when told); anything but JSON is a 415."""
+    ctype = request.headers.get("content-type")
+    if ctype is None:
+        return
+    media = ctype.split(";", 1)[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise UnsupportedMediaType(f"Content-Type {media!r} is not supported; send application/json", "content-type")
+
+
+async def read_body(request: Request, max_bytes: int) -> bytearray:
+    """The whole body, decompressed per Content-Encoding, never holding more than max_bytes (+ one chunk)."""
+    too_large = f"body exceeds {max_bytes} bytes (NORMSERVE_MAX_BODY_BYTES)"
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_bytes:
+        raise PayloadTooLarge(too_large, "body")
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("identity", "", *_WBITS):
+        raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported; use gzip or deflate", "body")
+    inflater = zlib.decompressobj(_WBITS[encoding]) if encoding in _WBITS else None
+    body = bytearray()
+    async for chunk in request.stream():
+        if inflater is None:
+            body += chunk
+        else:
+            _inflate(inflater, chunk, body, max_bytes, too_large)
+        if len(body) > max_bytes:
+            raise PayloadTooLarge(too_large, "body")
+    if inflater is not None:
+        _inflate(inflater, b"", body, max_bytes, too_large)
+        if not inflater.eof:
+            raise MalformedBody(f"truncated {encoding} stream", "body")
+    return body
+
+
+def _inflate(inflater: zlib._Decompress, data: bytes, body: bytearray, max_bytes: int, too_large: str) -> None:
+    # max_length bounds each step, so a small bomb never expands past the limit in memory.
+    try:
+        while True:
+            body += inflater.decompress(data, max_bytes + 1 - len(body))
+            if len(body) > max_bytes:
+                raise PayloadTooLarge(too_large + " after decompression", "body")
+            data = inflater.unconsumed_tail
+            if not data:
+                return
+    except zlib.error as e:
+        raise MalformedBody(f"invalid compressed data ({e})", "body") from None

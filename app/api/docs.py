@@ -1,0 +1,96 @@
+"""OpenAPI for the raw-body routes: request schemas, the seeds' worked examples, and the error responses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.api.rest_schemas import TENSOR_DOC, EncodeParams, NormalizeParams
+
+_NESTED = {"type": "array", "items": {}, "description": TENSOR_DOC}
+_ERROR = {"content": {"application/json": {"schema": {"type": "object", "properties": {"error": {"type": "string"}}}}}}
+
+
+def _body(params: type, tensors: dict[str, Any], examples: dict[str, Any]) -> dict[str, Any]:
+    schema = params.model_json_schema(by_alias=True)  # type: ignore[attr-defined]
+    schema["properties"] = {**tensors, **schema["properties"]}
+    schema["required"] = ["data"]
+    schema.pop("title", None)
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": schema, "examples": examples}},
+        }
+    }
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    meaning = {
+        400: "body is not valid JSON",
+        404: "unknown model",
+        413: "body larger than NORMSERVE_MAX_BODY_BYTES",
+        415: "Content-Type is not application/json",
+        422: "invalid tensor or field; the message names the field",
+        503: "not ready, draining, or over NORMSERVE_MAX_IN_FLIGHT (with Retry-After)",
+        504: "inference took longer than NORMSERVE_REQUEST_TIMEOUT_S",
+    }
+    return {s: {"description": meaning[s], **_ERROR} for s in statuses}
+
+
+SEED003 = [[0.2, 0.1, 0.3], [0.5, 0.1, 0.1]]
+SEED000 = [[0.2, 0.8, 1.0, 1.2], [1.0, 0.0, 0.5, 1.5]]
+
+NORMALIZE: dict[str, Any] = {
+    "openapi_extra": _body(
+        NormalizeParams,
+        {"data": _NESTED, "gamma": _NESTED, "beta": _NESTED},
+        {
+            "seed003": {"summary": "seed 003: two words, three dims (eps 1e-5, mode var)", "value": {"data": SEED003}},
+            "seed003-last-two-dims": {
+                "summary": "seeds 002/003: normalized_shape [1, 3] of a [2, 1, 3] input",
+                "value": {"data": [[row] for row in SEED003], "normalized_shape": [1, 3]},
+            },
+            "seed000": {
+                "summary": "seed 000: sigma + eps (eps_mode std, eps 1e-6)",
+                "value": {"data": SEED000, "eps": 1e-6, "eps_mode": "std", "validate": True},
+            },
+        },
+    ),
+    "responses": {
+        200: {
+            "description": "normalized output and per-row statistics",
+            "content": {
+                "application/json": {
+                    "example": {
+                        "output": [[0.0, -1.2238273, 1.2238274], [1.4140146, -0.7070073, -0.7070073]],
+                        "shape": [2, 3],
+                        "stats": {
+                            "mean": [0.2, 0.23333333333333334],
+                            "var": [0.006666666666666668, 0.035555555555555556],
+                            "std": [0.0816496580927726, 0.18856180831641267],
+                        },
+                        "backend": "onnxruntime",
+                        "model": {"name": "layernorm", "version": "1", "sha256": "..."},
+                    }
+                }
+            },
+        },
+        **_errors(400, 413, 415, 422, 503, 504),
+    },
+}
+
+ENCODE: dict[str, Any] = {
+    "openapi_extra": _body(
+        EncodeParams,
+        {"data": _NESTED, "padding_mask": {"type": "array", "items": {}, "description": "bools [batch, seq]"}},
+        {
+            "two-positions": {
+                "summary": "a [1, 2, 128] batch, second position padded",
+                "value": {"data": [[[0.1] * 128, [0.2] * 128]], "padding_mask": [[False, True]]},
+            }
+        },
+    ),
+    "responses": {
+        200: {"description": "encoder output and each LayerNorm's input statistics, in execution order"},
+        **_errors(400, 404, 413, 415, 422, 503, 504),
+    },
+}

@@ -1,0 +1,64 @@
+"""The one place domain errors become HTTP: {"error": "<field>: <what was expected>"} with the mapped status."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from app.codecs import dumps
+from app.errors import RETRY_AFTER_S, NormserveError, status_for
+
+log = logging.getLogger("normserve.errors")
+
+
+def json_response(obj: object, status_code: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    """A JSON response serialized by orjson (NumPy arrays included)."""
+    return Response(dumps(obj), status_code=status_code, headers=headers, media_type="application/json")
+
+
+def is_v2(request: Request) -> bool:
+    return request.url.path.startswith("/v2")
+
+
+def error_response(request: Request, exc: NormserveError) -> Response:
+    status = status_for(exc, is_v2(request))
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return json_response({"error": exc.message}, status_code=status, headers=headers)
+
+
+async def _domain(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, NormserveError)
+    return error_response(request, exc)
+
+
+async def _validation(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    field = ".".join(str(p) for p in first["loc"] if p not in ("body", "query", "path"))
+    status = 400 if is_v2(request) else 422
+    return json_response({"error": f"{field or 'request'}: {first['msg']}"}, status_code=status)
+
+
+async def _http(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    message = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
+    return json_response({"error": message}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    # Never a traceback or an internal path to the client; the log has them.
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    return json_response({"error": "internal error"}, status_code=500)
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(NormserveError, _domain)
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,142 @@
+"""The Open Inference Protocol (KServe V2 / Triton HTTP): metadata, readiness, infer and statistics.
+
+Routes only translate HTTP; app/api/v2_schemas.py reads and writes the wire format,
+app/api/v2_models.py maps tensors to the data plane. Health routes are in app/api/health.py.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from starlette.requests import Request
+from starlette.responses import Response
+
+from app import __version__
+from app.api import v2_models, v2_schemas
+from app.api.body import read_body
+from app.api.deps import State, StateDep, run_inference
+from app.api.handlers import json_response
+from app.errors import RETRY_AFTER_S, ModelNotFound, NotReady
+from app.runtime import Model
+from app.stats import InferTimer, Stats
+
+router = APIRouter(tags=["v2"])
+
+EXTENSIONS = ["binary_tensor_data", "parameters", "statistics"]
+
+
+def get_stats(request: Request) -> Stats:
+    stats: Stats = request.app.state.stats
+    return stats
+
+
+StatsDep = Annotated[Stats, Depends(get_stats)]
+
+
+def _model(state: State, name: str, version: str | None) -> Model:
+    """The model, 404 if unknown; 503 while models are still loading, when unknown may just mean not yet."""
+    try:
+        return state.runtime.get(name, version)
+    except ModelNotFound:
+        if not state.admission.ready:
+            raise NotReady(f"server is not ready: {state.admission.not_ready_reason}") from None
+        raise
+
+
+@router.get("/v2")
+async def server_metadata() -> Response:
+    """Server name, version and the protocol extensions it supports."""
+    return json_response({"name": "normserve", "version": __version__, "extensions": EXTENSIONS})
+
+
+# Declared before /v2/models/{name}, which would otherwise take "stats" for a model name (as in Triton).
+@router.get("/v2/models/stats")
+async def all_model_stats(state: StateDep, stats: StatsDep) -> Response:
+    """Triton statistics of every model."""
+    models = [(m.name, m.version) for m in state.runtime.models.values()]
+    return json_response(stats.report(models))
+
+
+@router.get("/v2/models/{name}")
+async def model_metadata(name: str, state: StateDep) -> Response:
+    """Inputs, outputs, datatypes and shapes (-1 = any size; layernorm's [-1] input takes any rank >= 1)."""
+    return json_response(v2_models.describe(_model(state, name, None)).metadata())
+
+
+@router.get("/v2/models/{name}/versions/{version}")
+async def model_version_metadata(name: str, version: str, state: StateDep) -> Response:
+    return json_response(v2_models.describe(_model(state, name, version)).metadata())
+
+
+@router.get("/v2/models/{name}/ready")
+async def model_ready(name: str, state: StateDep) -> Response:
+    """200 when the model is known and the server ready (verified, not draining); 503 otherwise."""
+    return _ready(_model(state, name, None), state)
+
+
+@router.get("/v2/models/{name}/versions/{version}/ready")
+async def model_version_ready(name: str, version: str, state: StateDep) -> Response:
+    return _ready(_model(state, name, version), state)
+
+
+def _ready(model: Model, state: State) -> Response:
+    if state.admission.accepting:
+        return json_response({"name": model.name, "ready": True})
+    reason = "shutting down" if state.admission.draining else state.admission.not_ready_reason
+    body = {"name": model.name, "ready": False, "error": f"not ready: {reason}"}
+    return json_response(body, 503, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+@router.post("/v2/models/{name}/infer")
+async def infer(name: str, request: Request, state: StateDep, stats: StatsDep) -> Response:
+    """Infer with JSON or binary tensors (Inference-Header-Content-Length), gzip/deflate either way."""
+    return await _infer(request, state, stats, _model(state, name, None))
+
+
+@router.post("/v2/models/{name}/versions/{version}/infer")
+async def infer_version(name: str, version: str, request: Request, state: StateDep, stats: StatsDep) -> Response:
+    return await _infer(request, state, stats, _model(state, name, version))
+
+
+@router.get("/v2/models/{name}/stats")
+async def model_stats(name: str, state: StateDep, stats: StatsDep) -> Response:
+    """Triton statistics of one model: counts and cumulative ns per stage."""
+    model = _model(state, name, None)
+    return json_response(stats.report([(model.name, model.version)]))
+
+
+@router.get("/v2/models/{name}/versions/{version}/stats")
+async def model_version_stats(name: str, version: str, state: StateDep, stats: StatsDep) -> Response:
+    model = _model(state, name, version)
+    return json_response(stats.report([(model.name, model.version)]))
+
+
+async def _infer(request: Request, state: State, stats: Stats, model: Model) -> Response:
+    timer = InferTimer()
+    try:
+        body = await read_body(request, state.settings.max_body_bytes)
+        timer = InferTimer()  # the clock starts once the body is in memory, as Triton's does
+        header_length = request.headers.get(v2_schemas.HEADER_LENGTH)
+        accept = request.headers.get("accept-encoding")
+        out = await run_inference(state, lambda: _infer_job(state, model, body, header_length, accept, timer))
+    except Exception:  # any answer but 200 counts as a failure; the handlers still answer it
+        stats.record_failure(model.name, model.version, timer)
+        raise
+    stats.record_success(model.name, model.version, timer)
+    return Response(out.body, headers=out.headers, media_type=out.media_type)
+
+
+def _infer_job(
+    state: State, model: Model, body: bytearray, header_length: str | None, accept: str | None, timer: InferTimer
+) -> v2_schemas.EncodedResponse:
+    """Runs in the threadpool: decode, the data plane, encode; each stage timed for the statistics."""
+    timer.mark("queue")
+    spec = v2_models.describe(model)
+    req = v2_schemas.parse_infer(body, header_length, spec, state.settings)
+    timer.mark("compute_input")
+    results = v2_models.infer(state.runtime, spec, req.tensors, req.parameters)
+    timer.mark("compute_infer")
+    out = v2_schemas.build_response(spec, req, results, accept)
+    timer.mark("compute_output")
+    return out

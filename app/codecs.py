@@ -1,0 +1,202 @@
+"""Tensors in and out: JSON (orjson straight into NumPy) and raw binary, around one datatype table.
+
+Decoders do every check that names a field, so neither onnxruntime nor the JSON
+layer ever sees a ragged, non-numeric, non-finite or oversized tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import orjson
+
+from app.errors import InvalidInput, MalformedBody
+
+# KServe V2 / Triton datatype names and their little-endian NumPy dtypes.
+DATATYPES: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype("?"),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+DATATYPE_OF: dict[np.dtype[Any], str] = {dt: name for name, dt in DATATYPES.items()}
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+def loads(body: bytes | bytearray | memoryview, what: str = "body") -> Any:
+    """Parse JSON with orjson; NaN/Infinity tokens, bad UTF-8 and nesting past 1024 are a MalformedBody."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise MalformedBody(f"not valid JSON ({e})", what) from None
+
+
+def dumps(obj: Any) -> bytes:
+    """Serialize a response; NumPy arrays go out without a detour through Python lists."""
+    return orjson.dumps(obj, option=JSON_OPTIONS)
+
+
+def decode_json_tensor(
+    value: Any,
+    field: str,
+    *,
+    max_elements: int,
+    max_depth: int,
+    may_hold_bools: bool = True,
+    dtype: np.dtype[Any] | type = np.float32,
+) -> np.ndarray:
+    """A nested JSON array of numbers -> a rectangular float32 (or bool) array, or InvalidInput naming the field.
+
+    may_hold_bools=False is the caller's promise that the raw body has no `true`/`false`
+    token at all, which skips the one check NumPy cannot do (it turns True into 1.0).
+    """
+    dtype = np.dtype(dtype)
+    _check_depth(value, field, max_depth)
+    try:
+        arr = np.asarray(value)
+    except (ValueError, OverflowError):
+        raise InvalidInput(_describe_mismatch(value), field) from None
+    if arr.dtype.kind == "O":
+        raise InvalidInput(_describe_mismatch(value), field)
+    _check_shape(arr.shape, field, max_elements)
+    if dtype.kind == "b":
+        if arr.dtype.kind != "b":
+            raise InvalidInput("expected an array of booleans (true/false)", field)
+        return arr
+    if arr.dtype.kind == "b" or (may_hold_bools and _holds_bool(value)):
+        raise InvalidInput("booleans are not numbers; expected an array of numbers", field)
+    if arr.dtype.kind in "US":
+        raise InvalidInput(_describe_mismatch(value), field)
+    if arr.dtype.kind not in "iuf":
+        raise InvalidInput(f"expected an array of numbers, found {_kind_name(arr.dtype)}", field)
+    return to_finite_float(arr, field, dtype)
+
+
+def to_finite_float(arr: np.ndarray, field: str, dtype: np.dtype[Any] | type = np.float32) -> np.ndarray:
+    """Cast to float32 (or float64) and refuse any element outside float32's finite range."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.asarray(arr, dtype=dtype)
+        bad = ~np.isfinite(out) if out.dtype == np.float32 else ~(np.abs(out) <= FLOAT32_MAX)
+    if bad.any():
+        index = [int(i) for i in np.argwhere(bad)[0]]
+        value = arr[tuple(index)]
+        raise InvalidInput(
+            f"element {index} = {value} is outside float32's finite range (|x| <= {FLOAT32_MAX:.7g})", field
+        )
+    return out
+
+
+def encode_json_tensor(arr: np.ndarray) -> Any:
+    """An array as orjson serializes it natively; 0-d arrays become bare numbers."""
+    if arr.ndim == 0:
+        return arr.item()
+    return np.ascontiguousarray(arr)
+
+
+def decode_binary(buffer: memoryview, datatype: str, shape: Sequence[int], field: str) -> np.ndarray:
+    """Raw little-endian row-major bytes -> an array, after checking the byte count against the shape."""
+    dt = DATATYPES.get(datatype)
+    if dt is None:
+        raise InvalidInput(f"datatype {datatype!r} is not supported; expected one of {sorted(DATATYPES)}", field)
+    expected = math.prod(shape) * dt.itemsize
+    if len(buffer) != expected:
+        raise MalformedBody(
+            f"binary_data_size is {len(buffer)} bytes, but shape {list(shape)} of {datatype} needs {expected}", field
+        )
+    return np.frombuffer(buffer, dtype=dt).reshape(shape)
+
+
+def encode_binary(arr: np.ndarray) -> bytes:
+    """An array as raw little-endian row-major bytes."""
+    dt = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
+    return np.ascontiguousarray(arr, dtype=dt).tobytes()
+
+
+def _check_depth(value: Any, field: str, max_depth: int) -> None:
+    depth = 0
+    while isinstance(value, list):
+        depth += 1
+        if depth > max_depth:
+            raise InvalidInput(f"nesting deeper than {max_depth} (NORMSERVE_MAX_DEPTH)", field)
+        value = value[0] if value else None
+    if depth == 0:
+        raise InvalidInput("expected a nested array of numbers of rank >= 1, got a scalar", field)
+
+
+def _check_shape(shape: tuple[int, ...], field: str, max_elements: int) -> None:
+    if 0 in shape:
+        raise InvalidInput(
+            f"dimension {shape.index(0)} is empty (shape {list(shape)}); every dimension needs >= 1", field
+        )
+    count = math.prod(shape)
+    if count > max_elements:
+        raise InvalidInput(f"{count} elements exceed the limit of {max_elements} (NORMSERVE_MAX_ELEMENTS)", field)
+
+
+def _holds_bool(value: Any) -> bool:
+    # Re-serializing is a C-speed scan; only a JSON bool prints as true/false.
+    text = orjson.dumps(value)
+    return b"true" in text or b"false" in text
+
+
+def _kind_name(dt: np.dtype[Any]) -> str:
+    return {"U": "strings", "S": "strings", "b": "booleans"}.get(dt.kind, f"elements of type {dt}")
+
+
+def _describe_mismatch(value: Any) -> str:
+    """Find the first place a nested list stops being a rectangular array of numbers (error path only)."""
+    shape = []
+    probe = value
+    while isinstance(probe, list):
+        shape.append(len(probe))
+        probe = probe[0] if probe else None
+    stack: list[tuple[Any, list[int]]] = [(value, [])]
+    while stack:
+        node, index = stack.pop()
+        depth = len(index)
+        where = index[0] if depth == 1 else index
+        if depth == len(shape):
+            if isinstance(node, list):
+                return f"element {index} is an array, expected a number"
+            if isinstance(node, bool) or not isinstance(node, int | float):
+                return f"element {index} is {_json_type(node)}, expected a number"
+            if isinstance(node, int) and not -(2**63) <= node < 2**64:
+                return f"element {index} is an integer outside 64 bits, expected a float32 number"
+            continue
+        if not isinstance(node, list):
+            return f"row {where} is {_json_type(node)}, expected an array of {shape[depth]}"
+        if len(node) != shape[depth]:
+            return (
+                f"row {where} has {len(node)} elements, expected {shape[depth]}"
+                if depth
+                else (f"has {len(node)} elements, expected {shape[depth]}")
+            )
+        stack.extend((child, [*index, i]) for i, child in reversed(list(enumerate(node))))
+    return "not a rectangular array of numbers"
+
+
+def _json_type(node: Any) -> str:
+    if node is None:
+        return "null"
+    if isinstance(node, bool):
+        return "a boolean"
+    if isinstance(node, str):
+        return "a string"
+    if isinstance(node, dict):
+        return "an object"
+    if isinstance(node, int | float):
+        return "a number"
+    return type(node).__name__

@@ -1,0 +1,81 @@
+"""Domain errors: what went wrong and which field, knowing nothing of HTTP.
+
+    NormserveError
+    ├── InvalidInput (ValueError)        bad values, shapes or fields      422 REST / 400 V2
+    │   └── MalformedBody                not JSON, or not the declared binary layout   400
+    ├── PayloadTooLarge                  over max_body_bytes                413
+    ├── UnsupportedMediaType             Content-Type not application/json  415
+    ├── ModelNotFound (LookupError)      unknown model or version           404
+    ├── Overloaded                       over max_in_flight                 503 + Retry-After
+    ├── NotReady                         models not verified, or draining   503 + Retry-After
+    └── Timeout (TimeoutError)           past request_timeout_s             504
+
+The one table mapping them to HTTP statuses is `status_for` below; app/api/handlers.py uses it.
+"""
+
+from __future__ import annotations
+
+
+class NormserveError(Exception):
+    """Base: a message for the client that names the offending field."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        self.field = field
+        self.message = f"{field}: {message}" if field else message
+        super().__init__(self.message)
+
+
+class InvalidInput(NormserveError, ValueError):
+    """A request that parses but whose values, shapes or fields are wrong."""
+
+
+class MalformedBody(InvalidInput):
+    """A body that is not valid JSON, or not the binary layout its header declares."""
+
+
+class PayloadTooLarge(NormserveError):
+    """A body (or its decompressed form) over the configured limit."""
+
+
+class UnsupportedMediaType(NormserveError):
+    """A Content-Type that is not JSON."""
+
+
+class ModelNotFound(NormserveError, LookupError):
+    """An unknown model name or version."""
+
+
+class Overloaded(NormserveError):
+    """More requests in flight than the worker allows."""
+
+
+class NotReady(NormserveError):
+    """Models not loaded and verified yet, or the worker is draining."""
+
+
+class Timeout(NormserveError, TimeoutError):
+    """The inference took longer than the request timeout."""
+
+
+# (REST status, V2 status); the most specific class wins because the lookup walks the MRO.
+_STATUS: dict[type[NormserveError], tuple[int, int]] = {
+    MalformedBody: (400, 400),
+    InvalidInput: (422, 400),
+    PayloadTooLarge: (413, 413),
+    UnsupportedMediaType: (415, 415),
+    ModelNotFound: (404, 404),
+    Overloaded: (503, 503),
+    NotReady: (503, 503),
+    Timeout: (504, 504),
+    NormserveError: (500, 500),
+}
+
+RETRY_AFTER_S = 1
+
+
+def status_for(exc: NormserveError, v2: bool) -> int:
+    """The HTTP status of a domain error, for the REST endpoints or the V2 protocol."""
+    for cls in type(exc).__mro__:
+        if cls in _STATUS:
+            return _STATUS[cls][1 if v2 else 0]
+    return 500

@@ -1,0 +1,227 @@
+"""PyTorch modules behind the exported ONNX models, twins of app.reference in dependency order."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from app.reference import MASKED_SCORE, EncoderConfig, layer_norm_names, positional_encoding
+
+Stats = list[tuple[Tensor, Tensor]]  # (mean (B,T), std (B,T)) of each LayerNorm's input, in execution order
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is not a state_dict of the configured encoder."""
+
+
+class RowLayerNorm(nn.Module):
+    """LayerNorm of each row of a 2-D view, with eps as per-row inputs: the graph of models/layernorm.onnx.
+
+    Built from primitive ops rather than the fused LayerNormalization op, because eps is an input:
+    eps_var (R,1) goes under the square root (mode "var"), eps_std (R,1) is added to the std (mode "std");
+    the server zeroes the one it does not use, and may rescale rows by powers of two with eps adjusted.
+    """
+
+    def forward(
+        self, x: Tensor, gamma: Tensor, beta: Tensor, eps_var: Tensor, eps_std: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        mean = x.mean(dim=-1, keepdim=True)  # R,1
+        xshift = x - mean  # R,D
+        var = (xshift * xshift).mean(dim=-1, keepdim=True)  # R,1 population variance: no bias correction
+        denom = torch.sqrt(var + eps_var) + eps_std  # R,1
+        out = xshift / denom * gamma + beta  # R,D
+        return out, mean, 1.0 / denom
+
+
+class LayerNorm(nn.Module):
+    """nn.LayerNorm over the last dim that also records its input's mean and std per position."""
+
+    def __init__(self, d_model: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model))
+        self.eps = eps
+
+    def forward(self, x: Tensor, stats: Stats) -> Tensor:
+        # correction=0 is the population variance of the math; bare torch.var would be unbiased (N-1).
+        var, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)  # B,T,1 each
+        stats.append((mean.squeeze(-1), var.sqrt().squeeze(-1)))  # B,T each
+        return (x - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias  # B,T,C
+
+
+class SelfAttention(nn.Module):
+    """Multi-head scaled dot-product self-attention with a key padding mask."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        assert cfg.d_model % cfg.num_heads == 0, f"d_model {cfg.d_model} is not divisible by num_heads {cfg.num_heads}"
+        self.num_heads = cfg.num_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # q, k, v stacked as torch's in_proj_weight
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def forward(self, x: Tensor, padding_mask: Tensor) -> Tensor:
+        B, T, C = x.shape
+        H, hs = self.num_heads, C // self.num_heads
+        q, k, v = self.qkv(x).split(C, dim=2)  # B,T,C each
+        q = q.reshape(B, T, H, hs).transpose(1, 2)  # B,H,T,hs
+        k = k.reshape(B, T, H, hs).transpose(1, 2)  # B,H,T,hs
+        v = v.reshape(B, T, H, hs).transpose(1, 2)  # B,H,T,hs
+        att = q @ k.transpose(-2, -1) / math.sqrt(hs)  # B,H,T,T
+        # Replaced, not offset by -inf: a fully padded row then attends uniformly instead of giving NaN.
+        att = att.masked_fill(padding_mask[:, None, None, :], MASKED_SCORE)  # B,H,T,T
+        y = F.softmax(att, dim=-1) @ v  # B,H,T,hs
+        out: Tensor = self.proj(y.transpose(1, 2).reshape(B, T, C))  # B,T,C
+        return out
+
+
+class FeedForward(nn.Module):
+    """Position-wise Linear -> ReLU -> Linear."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.fc2(F.relu(self.fc1(x)))  # B,T,C
+        return out
+
+
+class EncoderLayer(nn.Module):
+    """One Transformer encoder layer, post-LN (the original paper) or pre-LN (seed 004)."""
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.norm_first = cfg.norm_first
+        self.attn = SelfAttention(cfg)
+        self.ff = FeedForward(cfg)
+        self.norm1 = LayerNorm(cfg.d_model, cfg.eps)
+        self.norm2 = LayerNorm(cfg.d_model, cfg.eps)
+
+    def forward(self, x: Tensor, padding_mask: Tensor, stats: Stats) -> Tensor:
+        if self.norm_first:
+            x = x + self.attn(self.norm1(x, stats), padding_mask)
+            x = x + self.ff(self.norm2(x, stats))
+        else:
+            x = self.norm1(x + self.attn(x, padding_mask), stats)
+            x = self.norm2(x + self.ff(x), stats)
+        return x
+
+
+class Encoder(nn.Module):
+    """Positional encoding, the layer stack and, for pre-LN, a final norm; returns output then each norm's stats.
+
+    forward returns (output, mean_0, std_0, mean_1, std_1, ...) flat, the order of the ONNX outputs.
+    """
+
+    pe: Tensor
+
+    def __init__(self, cfg: EncoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        # The reference's float64 table rounded once to float32: computing it in float32, as seed 002 does,
+        # is off by up to 3e-5 at the far positions. Not persistent, so the state dict holds only the weights.
+        pe = torch.from_numpy(positional_encoding(cfg.max_sequence_length, cfg.d_model)).to(torch.float32)
+        self.register_buffer("pe", pe, persistent=False)  # T_max,C
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = LayerNorm(cfg.d_model, cfg.eps) if cfg.norm_first else None
+
+    def forward(self, x: Tensor, padding_mask: Tensor) -> tuple[Tensor, ...]:
+        stats: Stats = []
+        x = x + self.pe[: x.shape[1]]  # B,T,C
+        for layer in self.layers:
+            x = layer(x, padding_mask, stats)
+        if self.norm is not None:
+            x = self.norm(x, stats)
+        return (x, *(t for mean_std in stats for t in mean_std))
+
+
+# ---- the ONNX signatures of these modules: the serving code's contract ----
+
+Signature = list[tuple[str, list[str | int]]]  # (name, shape) in graph order; a str dim is a named dynamic axis
+
+LAYERNORM_INPUTS: Signature = [
+    ("input", ["rows", "cols"]),
+    ("gamma", ["cols"]),
+    ("beta", ["cols"]),
+    ("eps_var", ["rows", 1]),
+    ("eps_std", ["rows", 1]),
+]
+LAYERNORM_OUTPUTS: Signature = [("output", ["rows", "cols"]), ("mean", ["rows", 1]), ("inv_std_dev", ["rows", 1])]
+
+
+def encoder_output_names(cfg: EncoderConfig) -> list[str]:
+    """`output`, then `{name}.mean` and `{name}.std` for each LayerNorm in execution order."""
+    return ["output"] + [f"{name}.{stat}" for name in layer_norm_names(cfg) for stat in ("mean", "std")]
+
+
+def encoder_signature(cfg: EncoderConfig) -> tuple[Signature, Signature]:
+    """Inputs and outputs of an exported encoder; batch and seq are dynamic."""
+    inputs: Signature = [("input", ["batch", "seq", cfg.d_model]), ("padding_mask", ["batch", "seq"])]
+    stats: Signature = [(name, ["batch", "seq"]) for name in encoder_output_names(cfg)[1:]]
+    return inputs, [("output", ["batch", "seq", cfg.d_model]), *stats]
+
+
+def seeded_encoder(cfg: EncoderConfig, seed: int = 0) -> Encoder:
+    """An encoder in eval mode with torch's default init under `seed`.
+
+    LayerNorm weights are drawn as 1 + 0.1*randn and biases as 0.1*randn rather than left at 1 and 0,
+    so that parity checks exercise gamma and beta.
+    """
+    torch.manual_seed(seed)
+    model = Encoder(cfg)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, LayerNorm):
+                module.weight.copy_(1.0 + 0.1 * torch.randn_like(module.weight))
+                module.bias.copy_(0.1 * torch.randn_like(module.bias))
+    return model.eval()
+
+
+def load_checkpoint(model: nn.Module, path: Path) -> None:
+    """Load a state_dict file into model strictly, naming every missing, unexpected or misshapen key."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:
+        raise
+    except Exception as e:  # the weights-only unpickler fails on foreign bytes with any error type
+        raise CheckpointError(
+            f"{path}: not loadable with torch.load(weights_only=True) ({type(e).__name__}); "
+            "expected a file written by torch.save(model.state_dict(), path)"
+        ) from e
+    if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
+        kind = type(state).__name__
+        raise CheckpointError(f"{path}: expected a state_dict (a mapping of names to tensors), got a {kind}")
+    problems = _state_dict_mismatches(model.state_dict(), state)
+    if problems:
+        raise CheckpointError(
+            f"{path} does not fit the configured encoder ({'; '.join(problems)}); "
+            "check --d-model, --d-ff, --num-layers and the norm placement"
+        )
+    model.load_state_dict(state, strict=True)
+
+
+def _state_dict_mismatches(expected: Mapping[str, Tensor], got: Mapping[str, Tensor]) -> list[str]:
+    problems = []
+    if missing := sorted(expected.keys() - got.keys()):
+        problems.append(f"missing keys {_some(missing)}")
+    if unexpected := sorted(got.keys() - expected.keys()):
+        problems.append(f"unexpected keys {_some(unexpected)}")
+    if shapes := [
+        f"{k} {list(got[k].shape)} != {list(v.shape)}"
+        for k, v in expected.items()
+        if k in got and got[k].shape != v.shape
+    ]:
+        problems.append(f"shape mismatch: {_some(shapes)}")
+    return problems
+
+
+def _some(items: list[str], limit: int = 4) -> str:
+    """The first few items and how many more, so that the error stays one readable line."""
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more

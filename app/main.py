@@ -1,0 +1,70 @@
+"""The ASGI app: `create_app(settings)` is the one constructor; `app` serves `uvicorn app.main:app`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio.to_thread
+from fastapi import FastAPI
+
+from app import __version__, dataplane
+from app.admission import Admission
+from app.api import handlers, health, rest, v2
+from app.api.deps import State
+from app.runtime import ModelLoadError, Runtime
+from app.settings import Settings
+from app.stats import Stats
+
+log = logging.getLogger("normserve")
+
+
+def load_models(state: State) -> None:
+    """sha256 checks, sessions, parity warm-up; only then ready. Runs in a thread so liveness answers meanwhile."""
+    adm = state.admission
+    try:
+        state.runtime.load()
+        adm.not_ready_reason = "parity warm-up running"
+        figures = dataplane.warm_up(state.runtime)
+    except (ModelLoadError, OSError, ValueError, KeyError) as e:
+        adm.not_ready_reason = f"model check failed: {e}"
+        log.error("not ready: %s", e)
+        return
+    log.info("ready: parity warm-up max abs diff %s", {k: f"{v:.2e}" for k, v in figures.items()})
+    adm.ready = True
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    state: State = app.state.normserve
+    logging.basicConfig(
+        level=state.settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # The threadpool runs every inference; it must admit as many as the in-flight limit does.
+    anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, state.settings.max_in_flight)
+    loading = asyncio.create_task(asyncio.to_thread(load_models, state))
+    yield
+    state.admission.draining = True
+    await loading
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    app = FastAPI(
+        title="normserve",
+        version=__version__,
+        summary="Layer normalization and a Transformer encoder, served over HTTP and the Open Inference Protocol.",
+        lifespan=lifespan,
+    )
+    app.state.normserve = State(settings, Runtime(settings), Admission(settings.max_in_flight))
+    app.state.stats = Stats()  # Triton statistics of the V2 infer route
+    handlers.install(app)
+    app.include_router(rest.router)
+    app.include_router(health.router)
+    app.include_router(v2.router)
+    return app
+
+
+app = create_app()

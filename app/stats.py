@@ -1,0 +1,115 @@
+"""Per-model inference statistics in the format of Triton's statistics extension, safe across threads.
+
+Durations follow Triton's meaning, measured from the moment the request body is in memory:
+queue = waiting for admission and a worker thread, compute_input = decoding the tensors,
+compute_infer = the data plane, compute_output = encoding (and compressing) the response.
+success/fail ns are the whole request. Every infer request to a known model that does not
+answer 200 counts as one failure, whatever stage it failed in.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+@dataclass
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += ns
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+class InferTimer:
+    """Timestamps of one request's stages; marks come from the event loop and the worker thread in turn."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter_ns()
+        self.marks: dict[str, int] = {}
+
+    def mark(self, stage: str) -> None:
+        """The end of a stage (one of STAGES); each stage starts where the previous one ended."""
+        self.marks[stage] = time.perf_counter_ns()
+
+    def durations(self) -> dict[str, int]:
+        out, prev = {}, self.start
+        for stage in STAGES:
+            if stage in self.marks:
+                out[stage] = self.marks[stage] - prev
+                prev = self.marks[stage]
+        return out
+
+    def elapsed(self) -> int:
+        return time.perf_counter_ns() - self.start
+
+
+@dataclass
+class ModelStats:
+    name: str
+    version: str
+    last_inference: int = 0  # ms since the epoch, 0 before the first success (as Triton)
+    inference_count: int = 0
+    execution_count: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    stages: dict[str, Duration] = field(default_factory=lambda: {s: Duration() for s in STAGES})
+
+    def as_dict(self) -> dict[str, Any]:
+        inference_stats = {"success": self.success.as_dict(), "fail": self.fail.as_dict()}
+        inference_stats.update({s: d.as_dict() for s, d in self.stages.items()})
+        # No response cache: Triton still reports these two, and some dashboards expect them.
+        inference_stats.update({"cache_hit": Duration().as_dict(), "cache_miss": Duration().as_dict()})
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": inference_stats,
+            "batch_stats": [],  # no dynamic batching on the V2 path: every request is one execution
+        }
+
+
+class Stats:
+    """All models' statistics; one lock, held only for a few additions per request."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._models: dict[tuple[str, str], ModelStats] = {}
+
+    def _entry(self, name: str, version: str) -> ModelStats:
+        key = (name, version)
+        if key not in self._models:
+            self._models[key] = ModelStats(name, version)
+        return self._models[key]
+
+    def record_success(self, name: str, version: str, timer: InferTimer) -> None:
+        durations, total = timer.durations(), timer.elapsed()
+        with self._lock:
+            entry = self._entry(name, version)
+            entry.success.add(total)
+            for stage, ns in durations.items():
+                entry.stages[stage].add(ns)
+            entry.inference_count += 1  # one request is one inference: the models have no batch dim of Triton's
+            entry.execution_count += 1
+            entry.last_inference = time.time_ns() // 1_000_000
+
+    def record_failure(self, name: str, version: str, timer: InferTimer) -> None:
+        total = timer.elapsed()
+        with self._lock:
+            self._entry(name, version).fail.add(total)
+
+    def report(self, models: list[tuple[str, str]]) -> dict[str, Any]:
+        """{"model_stats": [...]} for the given (name, version) pairs, zeros for models never called."""
+        with self._lock:
+            return {"model_stats": [self._entry(n, v).as_dict() for n, v in models]}

@@ -1,0 +1,52 @@
+"""Shared fixtures: the repo's exported models, a live server, and an in-process runtime."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from live_server import MODELS, live_server
+
+# ---- serving: live uvicorn server and in-process runtime -------------------------------------
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[str]:
+    """Base URL of a real uvicorn process serving the repo's models on 127.0.0.1."""
+    with live_server() as base:
+        yield base
+
+
+@pytest.fixture(scope="session")
+def client(server: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def runtime():  # type: ignore[no-untyped-def]
+    """The repo's models loaded and warmed up in this process, as a worker would."""
+    from app import dataplane
+    from app.runtime import Runtime
+    from app.settings import Settings
+
+    rt = Runtime(Settings(model_dir=MODELS))
+    rt.load()
+    dataplane.warm_up(rt)
+    return rt
+
+
+# ---- export and ONNX parity: the repo's exported models/ -------------------------------------
+
+
+@pytest.fixture(scope="session")
+def shipped_manifest() -> dict[str, Any]:
+    """models/manifest.json as exported into the repo; a missing export fails rather than skips."""
+    path = MODELS / "manifest.json"
+    if not path.is_file():
+        pytest.fail(f"{path} missing: run `python scripts/export_onnx.py` first")
+    manifest: dict[str, Any] = json.loads(path.read_text())
+    return manifest

@@ -1,0 +1,115 @@
+"""POST /normalize over real HTTP: golden vectors, backends, validation, shapes, gamma and beta."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from golden import GOLDEN
+from live_server import MODELS
+
+from app import reference
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "numpy"])
+@pytest.mark.parametrize(("fields", "expected", "stats"), GOLDEN)
+def test_golden_vectors_on_both_backends(
+    client: httpx.Client, backend: str, fields: dict[str, Any], expected: Any, stats: Any
+) -> None:
+    r = client.post("/normalize", json={**fields, "backend": backend})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    np.testing.assert_allclose(body["output"], expected, atol=1e-4)
+    np.testing.assert_allclose(body["stats"]["mean"], stats["mean"], atol=1e-4)
+    np.testing.assert_allclose(body["stats"]["std"], stats["std"], atol=1e-4)
+    np.testing.assert_allclose(np.square(body["stats"]["std"]), body["stats"]["var"], rtol=1e-12)
+    assert body["shape"] == list(np.shape(fields["data"]))
+    assert body["backend"] == backend
+
+
+def test_onnxruntime_result_names_the_exact_model_file(client: httpx.Client) -> None:
+    manifest = json.loads((MODELS / "manifest.json").read_text())
+    body = client.post("/normalize", json={"data": [[1.0, 2.0]]}).json()
+    assert body["model"] == {"name": "layernorm", "version": "1", "sha256": manifest["models"]["layernorm"]["sha256"]}
+    assert client.post("/normalize", json={"data": [[1.0, 2.0]], "backend": "numpy"}).json()["model"] is None
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "numpy"])
+@pytest.mark.parametrize("eps_mode", ["var", "std"])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_any_k_eps_mode_gamma_beta_matches_reference(client: httpx.Client, backend: str, eps_mode: str, k: int) -> None:
+    rng = np.random.default_rng(k)
+    x = (rng.standard_normal((2, 3, 4, 5)) * 2 + 1).astype(np.float32)
+    gamma = rng.uniform(0.5, 2, x.shape[-k:]).astype(np.float32)
+    beta = rng.standard_normal(x.shape[-k:]).astype(np.float32)
+    req = {
+        "data": x.tolist(),
+        "normalized_shape": list(x.shape[-k:]),
+        "eps": 1e-3,
+        "eps_mode": eps_mode,
+        "gamma": gamma.tolist(),
+        "beta": beta.tolist(),
+        "backend": backend,
+        "validate": True,
+    }
+    r = client.post("/normalize", json=req)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ref = reference.layer_norm(x, k, 1e-3, eps_mode, gamma, beta)
+    np.testing.assert_allclose(body["output"], ref.output, atol=1e-5 * 2)
+    np.testing.assert_allclose(body["stats"]["mean"], ref.mean, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(body["stats"]["var"], ref.var, rtol=1e-6)
+    assert np.shape(body["stats"]["mean"]) == x.shape[: 4 - k]
+    v = body["validation"]
+    assert v["reference"] == ("numpy" if backend == "onnxruntime" else "onnxruntime")
+    assert v["passed"] is True and 0 <= v["max_abs_diff"] <= v["atol"]
+
+
+def test_normalizing_every_dim_gives_bare_number_stats(client: httpx.Client) -> None:
+    body = client.post("/normalize", json={"data": [[1.0, 2.0], [3.0, 4.0]], "normalized_shape": [2, 2]}).json()
+    assert body["stats"]["mean"] == pytest.approx(2.5)
+    assert body["stats"]["var"] == pytest.approx(1.25)
+    np.testing.assert_allclose(body["output"], (np.array([[1, 2], [3, 4]]) - 2.5) / np.sqrt(1.25 + 1e-5), atol=1e-6)
+
+
+@pytest.mark.parametrize("normalized_shape", [4, [4]], ids=["int", "list"])
+def test_normalized_shape_int_or_list(client: httpx.Client, normalized_shape: int | list[int]) -> None:
+    r = client.post("/normalize", json={"data": [[1, 2, 3, 4]], "normalized_shape": normalized_shape})
+    assert r.status_code == 200
+    np.testing.assert_allclose(r.json()["output"], reference.layer_norm(np.array([[1, 2, 3, 4]])).output, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("offset", "scale"),
+    [(1e4, 1e-2), (1e8, 1.0), (0.0, 1e30), (1e19, 1e15), (0.0, 1e-30)],
+    ids=["offset1e6std", "offset1e8std", "magnitude1e30", "magnitude1e19", "magnitude1e-30"],
+)
+def test_large_offsets_and_magnitudes_keep_float32_fidelity(client: httpx.Client, offset: float, scale: float) -> None:
+    x = (offset + scale * np.random.default_rng(3).standard_normal((4, 64))).astype(np.float32)
+    body = client.post("/normalize", json={"data": x.tolist()}).json()
+    ref = reference.layer_norm(x, 1)
+    np.testing.assert_allclose(body["output"], ref.output, atol=1e-5)
+    np.testing.assert_allclose(body["stats"]["var"], ref.var, rtol=1e-6)
+
+
+def test_constant_rows_normalize_to_beta(client: httpx.Client) -> None:
+    body = client.post("/normalize", json={"data": [[3e38] * 4, [-2.0] * 4], "beta": [1, 2, 3, 4]}).json()
+    assert body["output"] == [[1, 2, 3, 4], [1, 2, 3, 4]]
+    assert body["stats"]["var"] == [0, 0]
+
+
+def test_gzip_request_body_is_accepted(client: httpx.Client) -> None:
+    import gzip
+
+    raw = json.dumps({"data": [[0.2, 0.1, 0.3]]}).encode()
+    r = client.post("/normalize", content=gzip.compress(raw), headers={"Content-Encoding": "gzip"})
+    assert r.status_code == 200
+    np.testing.assert_allclose(r.json()["output"], [[0, -1.2238, 1.2238]], atol=1e-4)
+
+
+def test_no_content_type_is_fine(client: httpx.Client) -> None:
+    r = client.post("/normalize", content=b'{"data": [1, 2]}')
+    assert r.status_code == 200

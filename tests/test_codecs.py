@@ -1,0 +1,92 @@
+"""JSON and binary tensor codecs: every malformed tensor is an InvalidInput that names the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.codecs import decode_binary, decode_json_tensor, encode_binary, encode_json_tensor, loads
+from app.errors import InvalidInput, MalformedBody
+
+
+def decode(value: Any, **kw: Any) -> np.ndarray:
+    return decode_json_tensor(value, "data", max_elements=kw.pop("max_elements", 1000), max_depth=8, **kw)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        pytest.param([[1, 2, 3], [4, 5]], "data: row 1 has 2 elements, expected 3", id="ragged"),
+        pytest.param(
+            [[1, 2], [3, 4], [5, 6], [7, 8, 9, 0, 1]], "data: row 3 has 5 elements, expected 2", id="ragged-row3"
+        ),
+        pytest.param([[[1], [2]], [[3], [4, 5]]], "data: row [1, 1] has 2 elements, expected 1", id="ragged-3d"),
+        pytest.param(2.5, "rank >= 1, got a scalar", id="rank0"),
+        pytest.param([], "dimension 0 is empty", id="empty"),
+        pytest.param([[], []], "dimension 1 is empty", id="empty-inner"),
+        pytest.param([1, "2"], "element [1] is a string, expected a number", id="string"),
+        pytest.param(["1", "2"], "element [0] is a string, expected a number", id="all-strings"),
+        pytest.param([1, None], "element [1] is null", id="null"),
+        pytest.param([True, False], "booleans are not numbers", id="all-bools"),
+        pytest.param([1.5, True], "booleans are not numbers", id="mixed-bool"),
+        pytest.param([[1, {"a": 1}]], "element [0, 1] is an object", id="object"),
+        pytest.param([[1, 2], 3], "row 1 is a number, expected an array of 2", id="number-for-row"),
+        pytest.param([1e39], "element [0] = 1e+39 is outside float32's finite range", id="float32-overflow"),
+        pytest.param([[[[[[[[[1]]]]]]]]], "nesting deeper than 8 (NORMSERVE_MAX_DEPTH)", id="too-deep"),
+        pytest.param([0.0] * 1001, "1001 elements exceed the limit of 1000 (NORMSERVE_MAX_ELEMENTS)", id="too-many"),
+    ],
+)
+def test_bad_json_tensor_is_invalid_input_naming_the_problem(value: Any, message: str) -> None:
+    with pytest.raises(InvalidInput) as e:
+        decode(value)
+    assert message in str(e.value)
+    assert str(e.value).startswith("data: ")
+
+
+@pytest.mark.parametrize(
+    ("value", "shape"),
+    [([1, 2, 3], (3,)), ([[0.5, -1e-3]], (1, 2)), ([[[1]], [[2]]], (2, 1, 1)), ([3.4e38, -3.4e38], (2,))],
+)
+def test_good_json_tensor_becomes_float32(value: Any, shape: tuple[int, ...]) -> None:
+    arr = decode(value)
+    assert arr.dtype == np.float32 and arr.shape == shape
+    np.testing.assert_allclose(arr, np.asarray(value, dtype=np.float64), rtol=1e-7)
+
+
+def test_bool_tensor_for_masks() -> None:
+    mask = decode([[True, False]], dtype=np.bool_)
+    assert mask.dtype == np.bool_ and mask.tolist() == [[True, False]]
+    with pytest.raises(InvalidInput, match="expected an array of booleans"):
+        decode([[1, 0]], dtype=np.bool_)
+
+
+@pytest.mark.parametrize("body", [b"[NaN]", b'{"data": [Infinity]}', b'{"data": [1e400]}', b"{", b"\xff"])
+def test_json_that_is_not_json_is_malformed(body: bytes) -> None:
+    with pytest.raises(MalformedBody):
+        loads(body)
+
+
+def test_deep_nesting_is_malformed_not_a_crash() -> None:
+    with pytest.raises(MalformedBody, match="depth"):
+        loads(b"[" * 150_000 + b"]" * 150_000)
+
+
+@pytest.mark.parametrize("dtype", ["FP32", "FP64", "INT64", "BOOL"])
+def test_binary_round_trip(dtype: str) -> None:
+    arr = (np.arange(24).reshape(2, 3, 4) % 3).astype(
+        {"FP32": "<f4", "FP64": "<f8", "INT64": "<i8", "BOOL": "?"}[dtype]
+    )
+    raw = encode_binary(arr)
+    back = decode_binary(memoryview(raw), dtype, [2, 3, 4], "input")
+    np.testing.assert_array_equal(back, arr)
+
+
+def test_binary_size_mismatch_is_malformed() -> None:
+    with pytest.raises(MalformedBody, match="binary_data_size is 20 bytes, but shape \\[2, 3\\] of FP32 needs 24"):
+        decode_binary(memoryview(b"\0" * 20), "FP32", [2, 3], "input")
+
+
+def test_encode_json_tensor_gives_bare_number_for_rank0() -> None:
+    assert encode_json_tensor(np.float64(2.5) * np.ones(())) == 2.5

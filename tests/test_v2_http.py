@@ -1,0 +1,538 @@
+"""The V2 infer route over raw HTTP: every error row of spec section 5, the binary layout, and parity with REST."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import socket
+import struct
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+from golden import SEED003_X
+from live_server import MODELS, live_server
+
+from app.runtime import Runtime
+
+LN = "/v2/models/layernorm/infer"
+ENC = "/v2/models/encoder/infer"
+D = 128  # d_model of the default export
+HEADER = "Inference-Header-Content-Length"
+
+
+def _json(*inputs: dict[str, Any], **fields: Any) -> bytes:
+    return orjson.dumps({"inputs": list(inputs), **fields})
+
+
+def _fp32(data: Any, shape: list[int] | None = None, name: str = "input", datatype: str = "FP32") -> dict[str, Any]:
+    return {"name": name, "datatype": datatype, "shape": list(np.shape(data)) if shape is None else shape, "data": data}
+
+
+def _binary(inputs: list[tuple[str, str, list[int], bytes]], **fields: Any) -> tuple[bytes, dict[str, str]]:
+    """A binary-tensor request as tritonclient builds it: JSON header, then each input's bytes."""
+    head = orjson.dumps(
+        {
+            "inputs": [
+                {"name": n, "datatype": dt, "shape": s, "parameters": {"binary_data_size": len(b)}}
+                for n, dt, s, b in inputs
+            ],
+            **fields,
+        }
+    )
+    return head + b"".join(b for *_, b in inputs), {HEADER: str(len(head))}
+
+
+def _assert_error(r: httpx.Response, status: int, message: str) -> None:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    assert '{"detail"' not in r.text
+    assert list(r.json()) == ["error"] and message in r.json()["error"], r.text
+
+
+ROW_F32 = np.array([1, 2, 3], np.float32).tobytes()
+
+ERRORS = [
+    pytest.param(LN, b"{not json", {}, 400, "body: not valid JSON", id="not-json"),
+    pytest.param(
+        LN,
+        b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1], "data": [NaN]}]}',
+        {},
+        400,
+        "body: not valid JSON",
+        id="nan-token",
+    ),
+    pytest.param(LN, b"[" * 150_000 + b"]" * 150_000, {}, 400, "body: not valid JSON", id="nested-150000"),
+    pytest.param(LN, b"[1]", {}, 400, "body: expected a JSON object", id="not-object"),
+    pytest.param(LN, b"{}", {}, 400, "inputs: expected a non-empty list", id="no-inputs"),
+    pytest.param(LN, _json(_fp32([1.0]), colour=1), {}, 400, "colour: unknown field", id="unknown-field"),
+    pytest.param(LN, _json(_fp32([1.0]), id=5), {}, 400, "id: expected a string", id="id-not-string"),
+    pytest.param(
+        LN,
+        _json(_fp32([[1, 2, 3], [4, 5]], [2, 3])),
+        {},
+        400,
+        "inputs.input.data: row 1 has 2 elements, expected 3",
+        id="ragged",
+    ),
+    pytest.param(LN, _json(_fp32([1.0], [])), {}, 400, "inputs.input.shape: rank 0", id="rank0-shape"),
+    pytest.param(
+        LN,
+        _json(_fp32(5, [1])),
+        {},
+        400,
+        "inputs.input.data: expected a nested array of numbers of rank >= 1",
+        id="rank0-data",
+    ),
+    pytest.param(
+        LN, _json(_fp32([[]], [1, 0])), {}, 400, "inputs.input.shape: [1, 0] has a dimension < 1", id="empty-dim"
+    ),
+    pytest.param(
+        LN, _json(_fp32([1, "x"], [2])), {}, 400, "inputs.input.data: element [1] is a string", id="non-numeric"
+    ),
+    pytest.param(
+        LN, _json(_fp32([1, True], [2])), {}, 400, "inputs.input.data: booleans are not numbers", id="boolean"
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1.0] * 6, [2, 2])),
+        {},
+        400,
+        "inputs.input.data: 6 elements, but shape [2, 2] needs 4",
+        id="wrong-count",
+    ),
+    pytest.param(
+        LN, _json(_fp32([1.0], ["1"])), {}, 400, "inputs.input.shape: expected a list of integers", id="shape-type"
+    ),
+    pytest.param(
+        ENC,
+        _json(_fp32([[[1.0, 2.0]]])),
+        {},
+        400,
+        "inputs.input: shape [1, 1, 2] does not match the model's [-1, -1, 128]",
+        id="encoder-shape",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1e39, 1.0])),
+        {},
+        400,
+        "inputs.input.data: element [0] = 1e+39 is outside float32",
+        id="float32-range",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1e39, 1.0], datatype="FP64")),
+        {},
+        400,
+        "element [0] = 1e+39 is outside float32",
+        id="fp64-range",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1, 2], datatype="INT32")),
+        {},
+        400,
+        "inputs.input: datatype 'INT32' is not supported; expected FP32 or FP64",
+        id="datatype",
+    ),
+    pytest.param(
+        ENC,
+        _json(_fp32([[[0.0] * D]]), _fp32([[1.0]], name="padding_mask")),
+        {},
+        400,
+        "inputs.padding_mask: datatype 'FP32' is not supported; expected BOOL",
+        id="mask-datatype",
+    ),
+    pytest.param(
+        ENC,
+        _json(_fp32([[[0.0] * D]]), _fp32([[1]], name="padding_mask", datatype="BOOL")),
+        {},
+        400,
+        "inputs.padding_mask.data: expected an array of booleans",
+        id="mask-not-bool",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1.0], name="colour")),
+        {},
+        400,
+        "inputs.colour: unknown input for model 'layernorm'",
+        id="unknown-input",
+    ),
+    pytest.param(
+        LN, _json(_fp32([1.0], name="gamma")), {}, 400, "inputs.input: required input missing", id="missing-input"
+    ),
+    pytest.param(LN, _json(_fp32([1.0]), _fp32([1.0])), {}, 400, "inputs.input: given twice", id="duplicate-input"),
+    pytest.param(
+        LN,
+        _json(_fp32([[1.0, 2.0]]), _fp32([1.0, 2.0, 3.0], name="gamma")),
+        {},
+        400,
+        "inputs.gamma: shape [3] does not match input's last 1 dims [2]",
+        id="gamma-shape",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1.0, 2.0]), parameters={"eps_mode": "rms"}),
+        {},
+        400,
+        "parameters.eps_mode: expected 'var' or 'std'",
+        id="eps-mode",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1.0, 2.0]), parameters={"colour": 1}),
+        {},
+        400,
+        "colour: unknown parameter for model 'layernorm'",
+        id="unknown-param",
+    ),
+    pytest.param(
+        ENC,
+        _json(_fp32([[[0.0] * D]]), parameters={"eps": 1}),
+        {},
+        400,
+        "eps: unknown parameter for model 'encoder'",
+        id="encoder-param",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1.0, 2.0]), parameters={"eps": 0}),
+        {},
+        400,
+        "parameters.eps: expected a number > 0",
+        id="eps-zero",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1.0, 2.0]), parameters={"eps": -1e-5}),
+        {},
+        400,
+        "parameters.eps: expected a number > 0",
+        id="eps-negative",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1.0, 2.0]), parameters={"eps": "1e-5"}),
+        {},
+        400,
+        "parameters.eps: expected a number > 0",
+        id="eps-string",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([[1.0, 2.0]]), parameters={"normalized_ndim": 0}),
+        {},
+        400,
+        "parameters.normalized_ndim: expected an integer in 1..2",
+        id="k-zero",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([[1.0, 2.0]]), parameters={"normalized_ndim": 3}),
+        {},
+        400,
+        "parameters.normalized_ndim: expected an integer in 1..2",
+        id="k-over-rank",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1.0, 2.0]), parameters={"binary_data_output": 1}),
+        {},
+        400,
+        "parameters.binary_data_output: expected true or false",
+        id="binary-output-type",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([0.0, 0.0, 0.0, 1.0]), _fp32([3e38] * 4, name="gamma")),
+        {},
+        400,
+        "output: the result is not finite in float32",
+        id="result-overflow",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1.0, 1.0]), parameters={"eps": 1e-45, "eps_mode": "std"}),
+        {},
+        400,
+        "outputs.inv_std_dev: the result is not finite in FP32",
+        id="inv-std-overflow",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1.0]), outputs=[{"name": "var"}]),
+        {},
+        400,
+        "outputs[0]: unknown output 'var'",
+        id="unknown-output",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1.0]), outputs=[{"name": "mean", "parameters": {"classification": 2}}]),
+        {},
+        400,
+        "outputs.mean: parameters {'classification': 2} are not supported",
+        id="classification",
+    ),
+    pytest.param(
+        "/v2/models/gpt/infer", _json(_fp32([1.0])), {}, 404, "model: unknown model 'gpt'", id="unknown-model"
+    ),
+    pytest.param(
+        "/v2/models/layernorm/versions/2/infer",
+        _json(_fp32([1.0])),
+        {},
+        404,
+        "version: model 'layernorm' has no version '2'",
+        id="unknown-version",
+    ),
+    # The binary tensor layout.
+    pytest.param(
+        LN,
+        *_binary([("input", "FP32", [3], np.array([1, np.nan, 3], np.float32).tobytes())]),
+        400,
+        "inputs.input: element [1] = nan is outside float32",
+        id="binary-nan",
+    ),
+    pytest.param(
+        LN,
+        *_binary([("input", "FP64", [2], np.array([1, np.inf]).tobytes())]),
+        400,
+        "inputs.input: element [1] = inf is outside float32",
+        id="binary-fp64-inf",
+    ),
+    pytest.param(
+        LN,
+        *_binary([("input", "FP64", [2], np.array([1, 1e39]).tobytes())]),
+        400,
+        "inputs.input: element [1] = 1e+39 is outside float32",
+        id="binary-fp64-range",
+    ),
+    pytest.param(
+        LN,
+        *_binary([("input", "FP32", [2], ROW_F32)]),
+        400,
+        "inputs.input.parameters.binary_data_size: binary_data_size is 12 bytes, but shape [2] of FP32 needs 8",
+        id="binary-size-vs-shape",
+    ),
+    pytest.param(
+        LN,
+        _binary([("input", "FP32", [3], ROW_F32)])[0],
+        {HEADER: "twelve"},
+        400,
+        "Inference-Header-Content-Length: expected the JSON header's byte count, got 'twelve'",
+        id="header-not-number",
+    ),
+    pytest.param(
+        LN,
+        _binary([("input", "FP32", [3], ROW_F32)])[0],
+        {HEADER: "100000"},
+        400,
+        "Inference-Header-Content-Length: 100000 exceeds the body's",
+        id="header-longer-than-body",
+    ),
+    pytest.param(
+        LN,
+        _binary([("input", "FP32", [3], ROW_F32)])[0] + b"\0",
+        _binary([("input", "FP32", [3], ROW_F32)])[1],
+        400,
+        "binary_data_size: the inputs' binary_data_size add up to 12 bytes, but 13 follow",
+        id="bytes-left-over",
+    ),
+    pytest.param(
+        LN,
+        _binary([("input", "FP32", [3], ROW_F32)])[0][:-1],
+        _binary([("input", "FP32", [3], ROW_F32)])[1],
+        400,
+        "inputs.input.parameters.binary_data_size: 12 bytes declared, but only 11 follow",
+        id="bytes-missing",
+    ),
+    pytest.param(
+        LN,
+        _binary([("input", "FP32", [3], ROW_F32)])[0][:-12],
+        {},
+        400,
+        "inputs.input.parameters.binary_data_size: 12 bytes declared, but only 0 follow (is Inference-Header-Content-Length set?)",
+        id="size-without-header",
+    ),
+    pytest.param(
+        ENC,
+        *_binary([("input", "FP32", [1, 2, D], bytes(8 * D)), ("padding_mask", "BOOL", [1, 2], b"\x00\x02")]),
+        400,
+        "inputs.padding_mask: BOOL bytes must be 0 or 1",
+        id="binary-bool-byte",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "headers", "status", "message"), ERRORS)
+def test_error_row(
+    client: httpx.Client, path: str, body: bytes, headers: dict[str, str], status: int, message: str
+) -> None:
+    _assert_error(client.post(path, content=body, headers=headers), status, message)
+
+
+def test_deep_nesting_is_400_and_the_server_keeps_serving(client: httpx.Client) -> None:
+    _assert_error(client.post(LN, content=b"[" * 150_000 + b"]" * 150_000), 400, "not valid JSON")
+    assert client.post(LN, content=_json(_fp32(SEED003_X))).status_code == 200
+
+
+def test_gzip_bomb_is_413_after_decompression(client: httpx.Client) -> None:
+    bomb = gzip.compress(_json(_fp32([0.0]))[:-3] + b"0," * (40 * 1024 * 1024), compresslevel=9)
+    assert len(bomb) < 1024 * 1024
+    _assert_error(client.post(LN, content=bomb, headers={"Content-Encoding": "gzip"}), 413, "after decompression")
+
+
+def test_content_length_over_limit_is_413_before_the_body_is_read(server: str) -> None:
+    # A raw socket: the server must answer from the header alone, without 64 MiB ever being sent.
+    url = urlsplit(server)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as s:
+        s.sendall(f"POST {LN} HTTP/1.1\r\nHost: x\r\nContent-Length: {64 * 1024 * 1024 + 1}\r\n\r\n{{".encode())
+        reply = b""
+        while b'"}' not in reply and (chunk := s.recv(65536)):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413")
+    assert b"body exceeds 67108864 bytes" in body and b'"detail"' not in body
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/octet-stream"])
+def test_any_content_type_is_read(client: httpx.Client, content_type: str | None) -> None:
+    headers = {"Content-Type": content_type} if content_type else {}
+    r = client.post(LN, content=_json(_fp32(SEED003_X), id="req-7"), headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] == "req-7" and r.headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_binary_response_header_length_is_uncompressed(client: httpx.Client, encoding: str) -> None:
+    body, headers = _binary([("input", "FP32", [3], ROW_F32)], id="bin-1", parameters={"binary_data_output": True})
+    compress = gzip.compress if encoding == "gzip" else zlib.compress
+    r = client.post(
+        LN, content=compress(body), headers={**headers, "Content-Encoding": encoding, "Accept-Encoding": encoding}
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["content-encoding"] == encoding and r.headers["content-type"] == "application/octet-stream"
+    n = int(r.headers[HEADER])  # httpx has decompressed r.content: the length applies to it
+    head = orjson.loads(r.content[:n])
+    assert head["id"] == "bin-1" and [o["parameters"]["binary_data_size"] for o in head["outputs"]] == [12, 4, 4]
+    assert len(r.content) == n + 20
+    out = np.frombuffer(r.content[n : n + 12], np.float32)
+    np.testing.assert_allclose(out, [-1.2247, 0, 1.2247], atol=1e-4)
+    assert struct.unpack("<f", r.content[n + 12 : n + 16])[0] == pytest.approx(2.0)
+
+
+def test_identity_accept_encoding_is_not_compressed(client: httpx.Client) -> None:
+    r = client.post(LN, content=_json(_fp32([1.0, 2.0])), headers={"Accept-Encoding": "gzip;q=0, identity"})
+    assert r.status_code == 200 and "content-encoding" not in r.headers and HEADER not in r.headers
+
+
+def test_nested_and_flat_json_data_give_the_same_result(client: httpx.Client) -> None:
+    flat = client.post(LN, content=_json(_fp32(np.ravel(SEED003_X).tolist(), [2, 3]))).json()
+    nested = client.post(LN, content=_json(_fp32(SEED003_X))).json()
+    assert flat == nested and flat["outputs"][0]["shape"] == [2, 3] and len(flat["outputs"][0]["data"]) == 6
+
+
+def _outputs(r: httpx.Response) -> dict[str, np.ndarray]:
+    assert r.status_code == 200, r.text
+    return {o["name"]: np.reshape(o["data"], o["shape"]) for o in r.json()["outputs"]}
+
+
+@pytest.mark.parametrize(
+    ("k", "eps_mode", "affine"),
+    [(1, "var", False), (2, "std", True), (3, "var", True)],
+    ids=["k1-var", "k2-std-affine", "k3-var-affine"],
+)
+def test_layernorm_equals_post_normalize(client: httpx.Client, k: int, eps_mode: str, affine: bool) -> None:
+    rng = np.random.default_rng(k)
+    x = (rng.standard_normal((2, 3, 4)) * 5 + 1e3).astype(np.float32)
+    inputs = [_fp32(x.tolist())]
+    rest: dict[str, Any] = {
+        "data": x.tolist(),
+        "normalized_shape": list(x.shape[-k:]),
+        "eps": 1e-4,
+        "eps_mode": eps_mode,
+    }
+    if affine:
+        gamma, beta = rng.uniform(0.5, 2, x.shape[-k:]), rng.standard_normal(x.shape[-k:])
+        inputs += [_fp32(gamma.tolist(), name="gamma"), _fp32(beta.tolist(), name="beta")]
+        rest |= {"gamma": gamma.tolist(), "beta": beta.tolist()}
+    v2 = _outputs(
+        client.post(LN, content=_json(*inputs, parameters={"eps": 1e-4, "eps_mode": eps_mode, "normalized_ndim": k}))
+    )
+    body = client.post("/normalize", json=rest).json()
+    np.testing.assert_allclose(v2["output"], body["output"], atol=1e-6)
+    np.testing.assert_allclose(v2["mean"], body["stats"]["mean"], rtol=1e-6)
+    std = np.asarray(body["stats"]["std"])
+    np.testing.assert_allclose(
+        v2["inv_std_dev"], 1 / (np.sqrt(std**2 + 1e-4) if eps_mode == "var" else std + 1e-4), rtol=1e-6
+    )
+
+
+@pytest.mark.parametrize("model", ["encoder", "encoder-preln"])
+def test_encoder_equals_post_encode(client: httpx.Client, runtime: Runtime, model: str) -> None:
+    x = np.random.default_rng(3).standard_normal((2, 4, D)).astype(np.float32)
+    mask = [[False] * 4, [False, False, True, True]]
+    v2 = _outputs(
+        client.post(
+            f"/v2/models/{model}/infer",
+            content=_json(
+                _fp32(x.tolist()), {"name": "padding_mask", "datatype": "BOOL", "shape": [2, 4], "data": mask}
+            ),
+        )
+    )
+    body = client.post("/encode", json={"data": x.tolist(), "padding_mask": mask, "model": model}).json()
+    np.testing.assert_allclose(v2["output"], body["output"], atol=1e-6)
+    assert [n for n in v2 if n != "output"] == [
+        f"{n}.{s}" for n in runtime.get(model).layer_norms for s in ("mean", "std")
+    ]
+    for ln in body["layer_norms"]:
+        np.testing.assert_allclose(v2[ln["name"] + ".mean"], ln["mean"], atol=1e-6)
+        np.testing.assert_allclose(v2[ln["name"] + ".std"], ln["std"], atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "body"),
+    [
+        ("/v2", 200, None),
+        ("/v2/models/layernorm/ready", 200, {"name": "layernorm", "ready": True}),
+        ("/v2/models/encoder/versions/1/ready", 200, {"name": "encoder", "ready": True}),
+        ("/v2/models/encoder/versions/1", 200, None),
+        ("/v2/models/layernorm/versions/1/stats", 200, None),
+        ("/v2/models/gpt", 404, None),
+        ("/v2/models/gpt/ready", 404, None),
+        ("/v2/models/layernorm/versions/2", 404, None),
+        ("/v2/models/layernorm/versions/2/ready", 404, None),
+        ("/v2/models/gpt/stats", 404, None),
+    ],
+)
+def test_metadata_routes(client: httpx.Client, path: str, status: int, body: dict[str, Any] | None) -> None:
+    r = client.get(path)
+    assert r.status_code == status, r.text
+    if status == 404:
+        _assert_error(r, 404, "unknown model" if "gpt" in path else "has no version '2'")
+    elif body is not None:
+        assert r.json() == body
+
+
+def test_not_ready_server_answers_503_on_every_model_route(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    shutil.copytree(MODELS, models)
+    with (models / "layernorm.onnx").open("ab") as f:
+        f.write(b"\0")  # sha256 mismatch: loading stops there, the encoders before it are loaded
+    with live_server({"NORMSERVE_MODEL_DIR": str(models)}, wait_ready=False) as base, httpx.Client(base_url=base) as c:
+        for _ in range(100):
+            if "model check failed" in c.get("/v2/health/ready").text:
+                break
+            time.sleep(0.05)
+        ready = c.get("/v2/models/encoder/ready")
+        assert ready.status_code == 503 and ready.json()["ready"] is False and ready.headers["retry-after"] == "1"
+        _assert_error(c.get("/v2/models/layernorm"), 503, "server is not ready: model check failed")
+        _assert_error(c.post(ENC, content=_json(_fp32([[[0.0] * D]]))), 503, "server is not ready: model check failed")
