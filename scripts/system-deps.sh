@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Debian packages the test suite drives for real (no-op when present):
+#   nginx     the load balancer of the failover test (tests/test_failover.py)
+#   chromium  the headless browser of the playground test (tests/test_playground.py)
+set -euo pipefail
+need=()
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+if ((${#need[@]})); then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
