@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import anyio
+
 from app.errors import NotReady, Overloaded
 
 
@@ -18,6 +20,9 @@ class Admission:
         self.not_ready_reason = "models are loading"
         self._lock = threading.Lock()  # released from worker threads, acquired on the event loop
         self._idle = threading.Condition(self._lock)
+        # The cancel scopes of the requests awaiting an inference; cancelled (on the event loop) when a
+        # drain times out, so that each answers 503 and a load balancer retries it elsewhere.
+        self.abandonable: set[anyio.CancelScope] = set()
 
     @property
     def accepting(self) -> bool:
@@ -38,6 +43,13 @@ class Admission:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self._idle.notify_all()
+
+    def abandon_all(self) -> int:
+        """Make every request awaiting an inference answer 503 now (call on the event loop); how many."""
+        scopes = list(self.abandonable)
+        for scope in scopes:
+            scope.cancel()
+        return len(scopes)
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until nothing is in flight or the timeout passes; True when idle."""

@@ -64,6 +64,13 @@ def decode_json_tensor(
     token at all, which skips the one check NumPy cannot do (it turns True into 1.0).
     """
     dtype = np.dtype(dtype)
+    if isinstance(value, np.ndarray):  # parsed straight into NumPy (app/jsontensors.py): numbers, rectangular
+        if value.ndim > max_depth:
+            raise InvalidInput(f"nesting deeper than {max_depth} (NORMSERVE_MAX_DEPTH)", field)
+        _check_shape(value.shape, field, max_elements)
+        if dtype.kind == "b":
+            raise InvalidInput("expected an array of booleans (true/false)", field)
+        return to_finite_float(value, field, dtype)
     _check_depth(value, field, max_depth)
     try:
         arr = np.asarray(value)
@@ -89,6 +96,9 @@ def to_finite_float(arr: np.ndarray, field: str, dtype: np.dtype[Any] | type = n
     """Cast to float32 (or float64) and refuse any element outside float32's finite range."""
     with np.errstate(over="ignore", invalid="ignore"):
         out = np.asarray(arr, dtype=dtype)
+        # min and max carry any NaN or inf out: no temporaries the size of the tensor unless one is bad.
+        if -FLOAT32_MAX <= out.min() and out.max() <= FLOAT32_MAX:
+            return out
         bad = ~np.isfinite(out) if out.dtype == np.float32 else ~(np.abs(out) <= FLOAT32_MAX)
     if bad.any():
         index = [int(i) for i in np.argwhere(bad)[0]]
@@ -123,6 +133,12 @@ def encode_binary(arr: np.ndarray) -> bytes:
     """An array as raw little-endian row-major bytes."""
     dt = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
     return np.ascontiguousarray(arr, dtype=dt).tobytes()
+
+
+def binary_view(arr: np.ndarray) -> memoryview:
+    """encode_binary's bytes as a view of the array (no copy when it is already little-endian and contiguous)."""
+    dt = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
+    return np.ascontiguousarray(arr, dtype=dt).data.cast("B")
 
 
 def _check_depth(value: Any, field: str, max_depth: int) -> None:
@@ -163,29 +179,35 @@ def _describe_mismatch(value: Any) -> str:
     while isinstance(probe, list):
         shape.append(len(probe))
         probe = probe[0] if probe else None
-    stack: list[tuple[Any, list[int]]] = [(value, [])]
-    while stack:
-        node, index = stack.pop()
-        depth = len(index)
-        where = index[0] if depth == 1 else index
-        if depth == len(shape):
-            if isinstance(node, list):
-                return f"element {index} is an array, expected a number"
-            if isinstance(node, bool) or not isinstance(node, int | float):
-                return f"element {index} is {_json_type(node)}, expected a number"
-            if isinstance(node, int) and not -(2**63) <= node < 2**64:
-                return f"element {index} is an integer outside 64 bits, expected a float32 number"
-            continue
-        if not isinstance(node, list):
-            return f"row {where} is {_json_type(node)}, expected an array of {shape[depth]}"
-        if len(node) != shape[depth]:
-            return (
-                f"row {where} has {len(node)} elements, expected {shape[depth]}"
-                if depth
-                else (f"has {len(node)} elements, expected {shape[depth]}")
-            )
-        stack.extend((child, [*index, i]) for i, child in reversed(list(enumerate(node))))
+    # Level by level, each a flat list: a million tiny rows take a second, not the minutes a walk per node did.
+    level = [value]
+    for depth in range(len(shape) + 1):
+        for i, node in enumerate(level):
+            problem = _node_problem(node, depth, shape)
+            if problem is not None:
+                # Every level above was rectangular, so position i unravels over shape[:depth].
+                index = [int(j) for j in np.unravel_index(i, shape[:depth])] if depth else []
+                return problem.format(index=index, where=index[0] if depth == 1 else index)
+        if depth < len(shape):
+            level = [child for node in level for child in node]
     return "not a rectangular array of numbers"
+
+
+def _node_problem(node: Any, depth: int, shape: list[int]) -> str | None:
+    """What is wrong with one node at a depth, as a template of {index} / {where}; None if nothing."""
+    if depth == len(shape):
+        if isinstance(node, list):
+            return "element {index} is an array, expected a number"
+        if isinstance(node, bool) or not isinstance(node, int | float):
+            return f"element {{index}} is {_json_type(node)}, expected a number"
+        if isinstance(node, int) and not -(2**63) <= node < 2**64:
+            return "element {index} is an integer outside 64 bits, expected a float32 number"
+        return None
+    if not isinstance(node, list):
+        return f"row {{where}} is {_json_type(node)}, expected an array of {shape[depth]}"
+    if len(node) != shape[depth]:
+        return f"row {{where}} has {len(node)} elements, expected {shape[depth]}"
+    return None
 
 
 def _json_type(node: Any) -> str:

@@ -14,11 +14,12 @@ import numpy as np
 
 from app import reference
 from app.codecs import FLOAT32_MAX
-from app.conditioning import condition_rows
+from app.conditioning import condition_rows, refine_rows
 from app.errors import InvalidInput
 from app.runtime import Model, ModelLoadError, Runtime
 
 FLOAT32_ULP = 2.0**-23
+CHUNK_ELEMENTS = 1 << 18  # rows of a larger input run in chunks of about this many elements (1 MiB)
 NORMALIZE_ATOL = 1e-5  # times max(1, |gamma|): the fidelity promise of spec section 1
 
 
@@ -88,14 +89,32 @@ def _normalize_onnx(model: Model, req: NormalizeInput) -> tuple[np.ndarray, np.n
     shape = req.x.shape
     D = math.prod(shape[-req.k :])
     x2 = np.ascontiguousarray(req.x, dtype=np.float32).reshape(-1, D)  # R,D view: any rank, any k
-    rows = condition_rows(x2, req.eps, req.eps_mode)
     gamma = np.ones(D, np.float32) if req.gamma is None else req.gamma.reshape(D).astype(np.float32)
     beta = np.zeros(D, np.float32) if req.beta is None else req.beta.reshape(D).astype(np.float32)
+    step = max(1, CHUNK_ELEMENTS // D)  # rows per run
+    batch_shape = shape[: len(shape) - req.k]
+    if len(x2) <= step:
+        out, mean, var = _normalize_rows(model, x2, req, gamma, beta)
+        return out.reshape(shape), mean.reshape(batch_shape), var.reshape(batch_shape)
+    # Rows are independent: a large input runs in row chunks, so the conditioned copy and the graph's
+    # intermediates (4 tensors the size of the input) exist for one chunk at a time (peak RSS, measured).
+    out, mean, var = np.empty(x2.shape, np.float32), np.empty(len(x2)), np.empty(len(x2))  # R,D  R  R
+    for i in range(0, len(x2), step):
+        part = slice(i, i + step)
+        out[part], mean[part], var[part] = _normalize_rows(model, x2[part], req, gamma, beta)
+    return out.reshape(shape), mean.reshape(batch_shape), var.reshape(batch_shape)
+
+
+def _normalize_rows(
+    model: Model, x2: np.ndarray, req: NormalizeInput, gamma: np.ndarray, beta: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One run of the graph on (R, D) rows: output R,D float32, mean and var R float64."""
+    rows = condition_rows(x2, req.eps, req.eps_mode)
     feeds = {"input": rows.x, "gamma": gamma, "beta": beta, "eps_var": rows.eps_var, "eps_std": rows.eps_std}
     with np.errstate(over="ignore"):
-        (out,) = model.run(feeds, ["output"])
-    batch_shape = shape[: len(shape) - req.k]
-    return out.reshape(shape), rows.mean.reshape(batch_shape), rows.var.reshape(batch_shape)
+        out, kernel_mean, kernel_inv_std = model.run(feeds, ["output", "mean", "inv_std_dev"])
+        refine_rows(rows, out, kernel_mean, kernel_inv_std, gamma, beta)
+    return out, rows.mean, rows.var
 
 
 def _normalize_numpy(req: NormalizeInput) -> reference.LayerNormResult:
@@ -112,13 +131,21 @@ def encode(runtime: Runtime, req: EncodeInput) -> EncodeOutput:
     if C != cfg.d_model:
         raise InvalidInput(f"last dimension is {C}, expected d_model = {cfg.d_model}", "data")
     if T > cfg.max_sequence_length:
-        raise InvalidInput(f"sequence length {T} exceeds max_sequence_length {cfg.max_sequence_length}", "data")
+        raise InvalidInput(
+            f"sequence length {T} exceeds max_sequence_length {cfg.max_sequence_length}"
+            " (set at export: normserve export --max-sequence-length)",
+            "data",
+        )
     mask = np.zeros((B, T), dtype=bool) if req.padding_mask is None else req.padding_mask
     if mask.shape != (B, T):
         raise InvalidInput(f"shape {list(mask.shape)} does not match data's [batch, seq] = {[B, T]}", "padding_mask")
     names = ["output"] + [f"{n}.{s}" for n in model.layer_norms for s in ("mean", "std")]
+    x = np.require(req.x, np.float32, ["C", "A"])  # contiguous and aligned: V2 binary inputs are views of the body
     with np.errstate(over="ignore"):
-        outs = model.run({"input": np.ascontiguousarray(req.x, np.float32), "padding_mask": mask}, names)
+        if model.batcher is not None:  # dynamic batching: the same run, merged with concurrent requests
+            outs = model.batcher.run(x, mask, names)
+        else:
+            outs = model.run({"input": x, "padding_mask": mask}, names)
     _check_finite(outs[0], "output")
     stats = [(n, outs[1 + 2 * i], outs[2 + 2 * i]) for i, n in enumerate(model.layer_norms)]
     validation = None
@@ -132,8 +159,9 @@ def encode(runtime: Runtime, req: EncodeInput) -> EncodeOutput:
 
 
 def _check_finite(arr: np.ndarray, field: str) -> None:
-    # NaN fails both comparisons, so this also rejects NaN.
-    if not bool((np.abs(arr) <= FLOAT32_MAX).all()):
+    # NaN propagates through min and max and fails both comparisons, so this also rejects NaN; no temporary
+    # the size of the output (np.abs would double a 64 MiB request's peak memory for a moment).
+    if not (-FLOAT32_MAX <= float(arr.min()) and float(arr.max()) <= FLOAT32_MAX):
         raise InvalidInput("the result is not finite in float32 (it overflows); scale the input or gamma down", field)
 
 

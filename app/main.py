@@ -10,10 +10,13 @@ from contextlib import asynccontextmanager
 import anyio.to_thread
 from fastapi import FastAPI
 
-from app import __version__, dataplane
+from app import __version__, dataplane, logs, metrics
 from app.admission import Admission
-from app.api import handlers, health, rest, v2
+from app.api import handlers, health, playground, rest, v2
+from app.api import metrics as metrics_api
 from app.api.deps import State
+from app.lifecycle import Drain
+from app.observability import ObservabilityMiddleware
 from app.runtime import ModelLoadError, Runtime
 from app.settings import Settings
 from app.stats import Stats
@@ -30,24 +33,33 @@ def load_models(state: State) -> None:
         figures = dataplane.warm_up(state.runtime)
     except (ModelLoadError, OSError, ValueError, KeyError) as e:
         adm.not_ready_reason = f"model check failed: {e}"
-        log.error("not ready: %s", e)
+        log.error("not ready: %s", e, extra={"reason": adm.not_ready_reason})
         return
-    log.info("ready: parity warm-up max abs diff %s", {k: f"{v:.2e}" for k, v in figures.items()})
+    for name, model in state.runtime.models.items():
+        metrics.record_model(name, model.load_seconds, figures.get(name))
+    log.info(
+        "ready: parity warm-up max abs diff %s",
+        {k: f"{v:.2e}" for k, v in figures.items()},
+        extra={"parity_max_abs_diff": figures},
+    )
     adm.ready = True
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: State = app.state.normserve
-    logging.basicConfig(
-        level=state.settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(state.settings.log_level)
+    metrics.reap_dead_workers()
     # The threadpool runs every inference; it must admit as many as the in-flight limit does.
     anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, state.settings.max_in_flight)
     loading = asyncio.create_task(asyncio.to_thread(load_models, state))
+    drain = Drain(state.admission, state.settings.drain_timeout_s)
+    drain.install()  # SIGTERM: not ready at once, in-flight requests finish, then uvicorn's shutdown
     yield
+    drain.uninstall()
     state.admission.draining = True
     await loading
+    metrics.worker_exit()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -58,12 +70,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Layer normalization and a Transformer encoder, served over HTTP and the Open Inference Protocol.",
         lifespan=lifespan,
     )
-    app.state.normserve = State(settings, Runtime(settings), Admission(settings.max_in_flight))
+    app.state.normserve = state = State(settings, Runtime(settings), Admission(settings.max_in_flight))
+    state.runtime.in_flight = lambda: state.admission.in_flight  # dynamic batching's "nobody else is coming"
     app.state.stats = Stats()  # Triton statistics of the V2 infer route
     handlers.install(app)
+    app.add_middleware(ObservabilityMiddleware)  # pure ASGI: request ids, request metrics, the JSON log line
     app.include_router(rest.router)
     app.include_router(health.router)
     app.include_router(v2.router)
+    app.include_router(metrics_api.router)
+    playground.install(app)  # GET / and /static
     return app
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,8 @@ import numpy as np
 import onnxruntime as ort
 import orjson
 
+from app import metrics, observability
+from app.batching import Batcher
 from app.errors import ModelNotFound
 from app.reference import EncoderConfig
 from app.settings import Settings
@@ -44,13 +46,17 @@ class Model:
     weights: dict[str, np.ndarray] | None = None
     layer_norms: list[str] = field(default_factory=list)
     load_seconds: float = 0.0
+    batcher: Batcher | None = None  # encoders, when NORMSERVE_BATCH_MAX_SIZE > 1 (app/batching.py)
 
     def describe(self) -> dict[str, str]:
         return {"name": self.name, "version": self.version, "sha256": self.sha256}
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
         """One inference; onnxruntime's run is thread-safe, so one session serves every thread."""
-        return self.session.run(outputs, dict(feeds))  # type: ignore[no-any-return]
+        start = time.perf_counter()
+        result: list[np.ndarray] = self.session.run(outputs, dict(feeds))
+        metrics.observe_inference(self.name, time.perf_counter() - start, len(feeds["input"]))
+        return result
 
 
 def sha256_of(path: Path) -> str:
@@ -79,6 +85,8 @@ class Runtime:
         self.models: dict[str, Model] = {}
         self.ready = False
         self.error: str | None = None
+        # Requests in flight in this worker (set by create_app): lets a batch stop waiting when nobody else comes.
+        self.in_flight: Callable[[], int] | None = None
 
     def load(self) -> None:
         """Verify every file against the manifest and build its session; ModelLoadError names the file."""
@@ -108,10 +116,17 @@ class Runtime:
                 model.config = EncoderConfig(**entry["config"])
                 model.layer_norms = list(entry["layer_norms"])
                 model.weights = _load_weights(model_dir / entry["weights"]["file"], entry["weights"]["sha256"])
+                if self.settings.batch_max_size > 1:
+                    s = self.settings
+                    model.batcher = Batcher(
+                        model.run, s.batch_max_size, s.batch_delay_us, self.in_flight, name, s.batch_max_seq_len
+                    )
             model.load_seconds = time.perf_counter() - start
             self.models[name] = model
             log.info(
-                "loaded model %s (%s, sha256 %s...) in %.3f s", name, path.name, model.sha256[:12], model.load_seconds
+                "loaded model %s (%s, sha256 %s...) in %.3f s",
+                *(name, path.name, model.sha256[:12], model.load_seconds),
+                extra={"model": name, "sha256": model.sha256, "load_seconds": round(model.load_seconds, 4)},
             )
 
     def get(self, name: str, version: str | None = None) -> Model:
@@ -122,6 +137,7 @@ class Runtime:
             )
         if version is not None and version != model.version:
             raise ModelNotFound(f"model {name!r} has no version {version!r}; available: {model.version}", "version")
+        observability.note_model(name)  # the request's log line names the model it used
         return model
 
 

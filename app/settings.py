@@ -24,10 +24,18 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(64, ge=1, description="Inference requests per worker at once; more get 503.")
     request_timeout_s: float = Field(60.0, gt=0, description="Longest a request may wait for its inference.")
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish.")
-    # 0 lets onnxruntime pick one thread per core; with several workers, set it so workers x threads <= cores.
-    intra_op_threads: int = Field(0, ge=0, description="onnxruntime intra-op threads per session (0 = cores).")
-    batch_max_size: int = Field(1, ge=1, description="Dynamic batching: most requests merged into one run (1 = off).")
-    batch_delay_us: int = Field(0, ge=0, description="Dynamic batching: how long a batch waits to fill.")
+    # 1, measured (docs/benchmarks.md, threads table): requests run concurrently in threads, and workers = cores,
+    # so runs overlap, and then a second intra-op thread only fights them: with two callers at (8,128,768),
+    # 0.75 ms per run with 1 thread, 0.92 ms with 2. A large request alone runs ~2x faster with 2 (0.74 vs
+    # 1.43 ms): a single-worker, one-request-at-a-time deployment may set 0 (one thread per core).
+    intra_op_threads: int = Field(1, ge=0, description="onnxruntime intra-op threads per session (0 = cores).")
+    # On, for short sequences only, measured (docs/benchmarks.md, section 4): one run of 8 merged sequences
+    # costs 0.36x the CPU of 8 runs of one at seq 8, 0.57x at 16, 0.85x at 64, 1.01x at 96 and 1.10x at 128,
+    # and /encode (1,16,128) at concurrency 16 gained 1.16x req/s with p99 at concurrency 1 unchanged (a
+    # request alone in the worker runs at once), while (1,128,128) gained nothing. Longer sequences run alone.
+    batch_max_size: int = Field(8, ge=1, description="Dynamic batching: most requests merged into one run (1 = off).")
+    batch_delay_us: int = Field(2000, ge=0, description="Dynamic batching: how long a batch waits to fill.")
+    batch_max_seq_len: int = Field(64, ge=1, description="Dynamic batching: longer sequences are never merged.")
     log_level: str = Field("info", description="Log level: debug, info, warning, error.")
     validate_atol: float = Field(1e-4, gt=0, description="Tolerance of `validate: true` for the encoders.")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zlib
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from app.errors import MalformedBody, PayloadTooLarge, UnsupportedMediaType
 
@@ -32,13 +32,16 @@ async def read_body(request: Request, max_bytes: int) -> bytearray:
         raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported; use gzip or deflate", "body")
     inflater = zlib.decompressobj(_WBITS[encoding]) if encoding in _WBITS else None
     body = bytearray()
-    async for chunk in request.stream():
-        if inflater is None:
-            body += chunk
-        else:
-            _inflate(inflater, chunk, body, max_bytes, too_large)
-        if len(body) > max_bytes:
-            raise PayloadTooLarge(too_large, "body")
+    try:
+        async for chunk in request.stream():
+            if inflater is None:
+                body += chunk
+            else:
+                _inflate(inflater, chunk, body, max_bytes, too_large)
+            if len(body) > max_bytes:
+                raise PayloadTooLarge(too_large, "body")
+    except ClientDisconnect:  # a routine event, not a server error: answered (to no one) as a bad body
+        raise MalformedBody("the client closed the connection before sending the whole body", "body") from None
     if inflater is not None:
         _inflate(inflater, b"", body, max_bytes, too_large)
         if not inflater.eof:

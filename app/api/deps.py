@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, TypeVar
@@ -10,12 +11,15 @@ import anyio
 from fastapi import Depends
 from starlette.requests import Request
 
+from app import metrics
 from app.admission import Admission
-from app.errors import Timeout
+from app.errors import NotReady, Timeout
 from app.runtime import Runtime
 from app.settings import Settings
 
 T = TypeVar("T")
+# Bodies up to this size are computed on the event loop: (1,8,64) in JSON is 5.6 KiB and takes ~0.15 ms.
+INLINE_BODY_BYTES = 16 * 1024
 
 
 @dataclass
@@ -27,7 +31,8 @@ class State:
     admission: Admission
 
 
-def get_state(request: Request) -> State:
+async def get_state(request: Request) -> State:
+    # async: FastAPI runs a plain `def` dependency in the threadpool, a thread hop per request (measured).
     state: State = request.app.state.normserve
     return state
 
@@ -35,21 +40,44 @@ def get_state(request: Request) -> State:
 StateDep = Annotated[State, Depends(get_state)]
 
 
-async def run_inference(state: State, fn: Callable[[], T]) -> T:
-    """Admit the request, run fn in the threadpool, and answer 504 past the timeout without killing the worker."""
+async def run_inference(state: State, fn: Callable[[], T], inline: bool = False) -> T:
+    """Admit the request, run fn in the threadpool, and answer 504 past the timeout without killing the worker.
+
+    inline=True runs fn on the event loop: only for tiny requests (INLINE_BODY_BYTES), whose work takes
+    less than the thread hop and the GIL hand-offs it brings (measured in docs/benchmarks.md).
+    """
     state.admission.enter()
+    metrics.IN_FLIGHT.inc()
+
+    # Whoever takes `claim` first releases the slot: the job when it starts (so a timed-out job still
+    # counts until it really ends), or the waiter when it gave up before any thread picked the job up.
+    claim = threading.Lock()
+
+    def release() -> None:
+        state.admission.leave()
+        metrics.IN_FLIGHT.dec()
 
     def job() -> T:
+        if not claim.acquire(blocking=False):
+            raise RuntimeError("inference abandoned before it started")  # its waiter has already answered
         try:
             return fn()
         finally:
-            # Released by the thread itself: an abandoned (timed out) job still counts until it really ends.
-            state.admission.leave()
+            release()
 
+    if inline:
+        return job()
+    abandon = anyio.CancelScope()  # cancelled by a drain that timed out (app/lifecycle.py)
+    state.admission.abandonable.add(abandon)
     try:
-        with anyio.fail_after(state.settings.request_timeout_s):
+        with anyio.fail_after(state.settings.request_timeout_s), abandon:
             return await anyio.to_thread.run_sync(job, abandon_on_cancel=True)
     except TimeoutError:
         raise Timeout(
             f"inference took longer than {state.settings.request_timeout_s} s (NORMSERVE_REQUEST_TIMEOUT_S)"
         ) from None
+    finally:
+        state.admission.abandonable.discard(abandon)
+        if claim.acquire(blocking=False):
+            release()
+    raise NotReady("server is shutting down and its drain timeout (NORMSERVE_DRAIN_TIMEOUT_S) passed; retry elsewhere")

@@ -36,6 +36,12 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"description": meaning[s], **_ERROR} for s in statuses}
 
 
+# Every V2 route (400 where REST answers 422, as Triton does); FastAPI's own 422 never reaches a V2 client.
+V2_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "invalid body, tensor, parameter or header; the message names the field", **_ERROR},
+    **_errors(404, 413, 503, 504),
+}
+
 SEED003 = [[0.2, 0.1, 0.3], [0.5, 0.1, 0.1]]
 SEED000 = [[0.2, 0.8, 1.0, 1.2], [1.0, 0.0, 0.5, 1.5]]
 

@@ -11,10 +11,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app import observability
 from app.codecs import dumps
 from app.errors import RETRY_AFTER_S, NormserveError, status_for
 
 log = logging.getLogger("normserve.errors")
+MESSAGE_LIMIT = 1000  # characters of an error message; longer ones (a huge field name echoed) are cut
 
 
 def json_response(obj: object, status_code: int = 200, headers: Mapping[str, str] | None = None) -> Response:
@@ -29,7 +31,15 @@ def is_v2(request: Request) -> bool:
 def error_response(request: Request, exc: NormserveError) -> Response:
     status = status_for(exc, is_v2(request))
     headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
-    return json_response({"error": exc.message}, status_code=status, headers=headers)
+    return json_response({"error": printable(exc.message)}, status_code=status, headers=headers)
+
+
+def printable(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    """Messages echo client text (field names, values): escape what is not printable, and bound the length."""
+    if not message.isprintable():
+        # Control, bidi and zero-width characters could disguise the message in a terminal or a log viewer.
+        message = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in message)
+    return message if len(message) <= limit else message[: limit - 1] + "…"
 
 
 async def _domain(request: Request, exc: Exception) -> Response:
@@ -54,7 +64,9 @@ async def _http(request: Request, exc: Exception) -> Response:
 async def _unexpected(request: Request, exc: Exception) -> Response:
     # Never a traceback or an internal path to the client; the log has them.
     log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return json_response({"error": "internal error"}, status_code=500)
+    # Sent from outside the observability middleware (by Starlette's ServerErrorMiddleware): add the id here.
+    rid = observability.request_id(request.scope)
+    return json_response({"error": "internal error"}, 500, headers={observability.HEADER: rid} if rid else None)
 
 
 def install(app: FastAPI) -> None:

@@ -13,30 +13,35 @@ from starlette.responses import Response
 from app import dataplane
 from app.api import docs
 from app.api.body import read_body, require_json
-from app.api.deps import State, StateDep, run_inference
+from app.api.deps import INLINE_BODY_BYTES, State, StateDep, run_inference
+from app.api.direct import DirectRoute
 from app.api.rest_schemas import parse_encode, parse_normalize
 from app.codecs import dumps, encode_json_tensor
 
-router = APIRouter(tags=["normalization"])
+router = APIRouter(tags=["normalization"], route_class=DirectRoute)  # no per-request dependency solving
 
 
 @router.post("/normalize", **docs.NORMALIZE)
 async def normalize(request: Request, state: StateDep) -> Response:
     """Layer-normalize `data` over its trailing `normalized_shape` dims, with per-row statistics."""
-    return await _json_call(request, state, _normalize)
+    return await _json_call(request, state, _normalize, may_batch=False)
 
 
 @router.post("/encode", **docs.ENCODE)
 async def encode(request: Request, state: StateDep) -> Response:
     """Run the Transformer encoder; report each LayerNorm's input statistics per position."""
-    return await _json_call(request, state, _encode)
+    return await _json_call(request, state, _encode, may_batch=state.settings.batch_max_size > 1)
 
 
-async def _json_call(request: Request, state: State, handle: Callable[[bytearray, State], bytes]) -> Response:
-    """Read the body on the event loop; parse, compute and serialize in the threadpool."""
+async def _json_call(
+    request: Request, state: State, handle: Callable[[bytearray, State], bytes], may_batch: bool
+) -> Response:
+    """Read the body on the event loop; parse, compute and serialize in the threadpool (tiny bodies inline)."""
     require_json(request)
     body = await read_body(request, state.settings.max_body_bytes)
-    payload = await run_inference(state, lambda: handle(body, state))
+    # Never inline what a batcher may hold: it blocks its caller while the batch gathers.
+    inline = len(body) <= INLINE_BODY_BYTES and not may_batch
+    payload = await run_inference(state, lambda: handle(body, state), inline=inline)
     return Response(payload, media_type="application/json")
 
 

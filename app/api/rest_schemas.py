@@ -7,9 +7,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app import jsontensors
 from app.codecs import decode_json_tensor, loads
 from app.dataplane import EncodeInput, NormalizeInput
 from app.errors import InvalidInput
+from app.jsonkeys import check_unique_keys
 from app.settings import Settings
 
 TENSOR_DOC = "A nested array of numbers (rank >= 1, rectangular); parsed straight into NumPy."
@@ -43,13 +45,14 @@ ENCODE_TENSORS = ("data", "padding_mask")
 def parse_normalize(body: bytes | bytearray, settings: Settings) -> NormalizeInput:
     fields, tensors = _split(body, NORMALIZE_TENSORS)
     params = _validate(NormalizeParams, fields, NORMALIZE_TENSORS)
-    may_hold_bools = b"true" in body or b"false" in body
+    may_hold_bools = _may_hold_bools(body, tensors)
     x = _tensor(tensors, "data", settings, may_hold_bools)
     k = _trailing_dims(params.normalized_shape, x.shape)
     gamma, beta = (
         _tensor(tensors, name, settings, may_hold_bools, expect=x.shape[-k:]) if name in tensors else None
         for name in ("gamma", "beta")
     )
+    check_unique_keys(body)  # last, when the body is known to hold only numbers besides the fields
     return NormalizeInput(x, k, params.eps, params.eps_mode, gamma, beta, params.backend, params.validate_)
 
 
@@ -57,7 +60,7 @@ def parse_encode(body: bytes | bytearray, settings: Settings) -> tuple[EncodeInp
     """The encoder input as (B,T,C) and whether the caller sent a 2-D (T,C) tensor."""
     fields, tensors = _split(body, ENCODE_TENSORS)
     params = _validate(EncodeParams, fields, ENCODE_TENSORS)
-    x = _tensor(tensors, "data", settings, b"true" in body or b"false" in body)
+    x = _tensor(tensors, "data", settings, _may_hold_bools(body, tensors))
     if x.ndim not in (2, 3):
         raise InvalidInput(
             f"rank {x.ndim} (shape {list(x.shape)}); expected [batch, seq, d_model] or [seq, d_model]", "data"
@@ -71,6 +74,7 @@ def parse_encode(body: bytes | bytearray, settings: Settings) -> tuple[EncodeInp
             max_depth=settings.max_depth,
             dtype=np.bool_,
         )
+    check_unique_keys(body)
     squeeze = x.ndim == 2
     if squeeze:
         x = x[None]
@@ -79,13 +83,21 @@ def parse_encode(body: bytes | bytearray, settings: Settings) -> tuple[EncodeInp
 
 
 def _split(body: bytes | bytearray, tensor_names: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
-    doc = loads(body)
+    # Tensors straight into NumPy when the fast path is sure of them; orjson (and its messages) otherwise.
+    doc = jsontensors.loads(body, lambda path: len(path) == 1 and path[0] in tensor_names)
+    if doc is None:
+        doc = loads(body)
     if not isinstance(doc, dict):
         raise InvalidInput("expected a JSON object with a `data` field", "body")
     tensors = {name: doc.pop(name) for name in tensor_names if name in doc}
     if "data" not in tensors:
         raise InvalidInput("field required: a nested array of numbers", "data")
     return doc, tensors
+
+
+def _may_hold_bools(body: bytes | bytearray, tensors: dict[str, Any]) -> bool:
+    # Arrays the fast path parsed hold numbers only; the body is scanned for true/false only for lists.
+    return any(isinstance(v, list) for v in tensors.values()) and (b"true" in body or b"false" in body)
 
 
 def _validate(model: type[BaseModel], fields: dict[str, Any], tensor_names: tuple[str, ...]) -> Any:

@@ -6,27 +6,30 @@ app/api/v2_models.py maps tensors to the data plane. Health routes are in app/ap
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from app import __version__
-from app.api import v2_models, v2_schemas
+from app.api import docs, v2_models, v2_schemas
 from app.api.body import read_body
-from app.api.deps import State, StateDep, run_inference
+from app.api.deps import INLINE_BODY_BYTES, State, StateDep, run_inference
+from app.api.direct import DirectRoute
 from app.api.handlers import json_response
 from app.errors import RETRY_AFTER_S, ModelNotFound, NotReady
 from app.runtime import Model
 from app.stats import InferTimer, Stats
 
-router = APIRouter(tags=["v2"])
+router = APIRouter(tags=["v2"], route_class=DirectRoute, responses=docs.V2_ERRORS)  # no per-request dependency solving
 
 EXTENSIONS = ["binary_tensor_data", "parameters", "statistics"]
+STREAM_BYTES = 1 << 20  # answers above this go out in slices of this size
 
 
-def get_stats(request: Request) -> Stats:
+async def get_stats(request: Request) -> Stats:  # async: no threadpool hop (see app/api/deps.py get_state)
     stats: Stats = request.app.state.stats
     return stats
 
@@ -119,12 +122,34 @@ async def _infer(request: Request, state: State, stats: Stats, model: Model) -> 
         timer = InferTimer()  # the clock starts once the body is in memory, as Triton's does
         header_length = request.headers.get(v2_schemas.HEADER_LENGTH)
         accept = request.headers.get("accept-encoding")
-        out = await run_inference(state, lambda: _infer_job(state, model, body, header_length, accept, timer))
+        inline = len(body) <= INLINE_BODY_BYTES and model.batcher is None  # tiny: no thread hop (app/api/deps.py)
+        out = await run_inference(
+            state, lambda: _infer_job(state, model, body, header_length, accept, timer), inline=inline
+        )
     except Exception:  # any answer but 200 counts as a failure; the handlers still answer it
         stats.record_failure(model.name, model.version, timer)
         raise
     stats.record_success(model.name, model.version, timer)
-    return Response(out.body, headers=out.headers, media_type=out.media_type)
+    return _response(out)
+
+
+def _response(out: v2_schemas.EncodedResponse) -> Response:
+    """Small answers in one piece; large binary ones in slices straight from the output arrays.
+
+    Joining a 64 MiB output into one bytes object, which the transport then also buffers, held the
+    body three times at once: streaming slices keeps it once (peak RSS, docs/benchmarks.md section 5).
+    """
+    if out.length <= STREAM_BYTES or len(out.parts) == 1:
+        return Response(out.body, headers=out.headers, media_type=out.media_type)
+
+    async def slices() -> AsyncIterator[bytes]:
+        for part in out.parts:
+            view = memoryview(part)
+            for i in range(0, len(view), STREAM_BYTES):
+                yield bytes(view[i : i + STREAM_BYTES])
+
+    headers = {**out.headers, "Content-Length": str(out.length)}  # a length, not chunked: as Triton answers
+    return StreamingResponse(slices(), headers=headers, media_type=out.media_type)
 
 
 def _infer_job(

@@ -15,18 +15,20 @@ from typing import Any
 
 import numpy as np
 
+from app import jsontensors
 from app.api.v2_models import TensorSpec, V2Model
 from app.codecs import (
     DATATYPE_OF,
     DATATYPES,
+    binary_view,
     decode_binary,
     decode_json_tensor,
     dumps,
-    encode_binary,
     loads,
     to_finite_float,
 )
 from app.errors import InvalidInput, MalformedBody
+from app.jsonkeys import check_unique_keys
 from app.settings import Settings
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -50,15 +52,26 @@ class InferRequest:
 
 @dataclass(frozen=True)
 class EncodedResponse:
-    body: bytes
+    parts: tuple[bytes | memoryview, ...]  # the body in order: the JSON header, then each binary output's bytes
     headers: dict[str, str]
     media_type: str
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.parts)
+
+    @property
+    def length(self) -> int:
+        return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in self.parts)
 
 
 def parse_infer(body: bytearray, header_length: str | None, spec: V2Model, settings: Settings) -> InferRequest:
     """Split, parse and check an infer request against the model's V2 tensors and parameters."""
     head, binary = _split(body, header_length)
-    doc = loads(head, "body")
+    # inputs[i].data straight into NumPy when the fast path is sure of it; orjson (and its messages) otherwise.
+    doc = jsontensors.loads(head, lambda path: len(path) == 3 and path[0] == "inputs" and path[2] == "data")
+    if doc is None:
+        doc = loads(head, "body")
     if not isinstance(doc, dict):
         raise InvalidInput("expected a JSON object with `inputs`", "body")
     for key in doc:
@@ -69,9 +82,13 @@ def parse_infer(body: bytearray, header_length: str | None, spec: V2Model, setti
         raise InvalidInput(f"expected a string, got {request_id!r}", "id")
     params = _parameters(doc.get("parameters"), spec)
     # bytearray.find scans in place; `in` on a memoryview would compare single bytes.
-    may_hold_bools = body.find(b"true", 0, len(head)) >= 0 or body.find(b"false", 0, len(head)) >= 0
+    # Arrays the fast path parsed hold numbers only; the header is scanned for true/false only for lists.
+    entries = doc.get("inputs")
+    lists = isinstance(entries, list) and any(isinstance(e, dict) and isinstance(e.get("data"), list) for e in entries)
+    may_hold_bools = lists and (body.find(b"true", 0, len(head)) >= 0 or body.find(b"false", 0, len(head)) >= 0)
     tensors, datatype = _inputs(doc.get("inputs"), binary, spec, settings, may_hold_bools)
     outputs = _requested_outputs(doc.get("outputs"), spec, params.get("binary_data_output", False))
+    check_unique_keys(body, len(head))  # last, when the header is known to hold only numbers besides the fields
     return InferRequest(request_id, tensors, datatype, params, outputs)
 
 
@@ -164,8 +181,9 @@ def _tensor(
         if arr.view(np.uint8).max(initial=0) > 1:
             raise InvalidInput("BOOL bytes must be 0 or 1", field)
         return arr.copy(), datatype, size  # a copy: the request body's memory is not the data plane's
-    # Unaligned views of the body would slow every kernel; "A" copies only when needed.
-    return np.require(to_finite_float(arr, field), np.float32, ["C", "A"]), datatype, size
+    # A view of the body, no copy (peak RSS): layernorm's conditioning reads it into a new aligned array,
+    # and the encoders align it themselves (app/dataplane.py).
+    return to_finite_float(arr, field), datatype, size
 
 
 def _shape(raw: Any, field: str, settings: Settings) -> list[int]:
@@ -233,8 +251,8 @@ def build_response(
         arr = _cast(results[name], dtype, f"outputs.{name}")
         entry: dict[str, Any] = {"name": name, "datatype": req.datatype, "shape": list(arr.shape)}
         if binary:
-            blobs.append(encode_binary(arr))
-            entry["parameters"] = {"binary_data_size": len(blobs[-1])}
+            blobs.append(binary_view(arr))  # a view: streamed from the array, or compressed, never copied whole
+            entry["parameters"] = {"binary_data_size": blobs[-1].nbytes}
         else:
             entry["data"] = arr.reshape(-1)  # flat, row-major, as Triton sends it
         outputs.append(entry)
@@ -249,19 +267,22 @@ def build_response(
         # The uncompressed length: tritonclient decompresses the whole body before splitting it.
         headers[HEADER_LENGTH] = str(len(header))
         media_type = "application/octet-stream"
-    body = b"".join([header, *blobs])
+    parts: tuple[bytes | memoryview, ...] = (header, *blobs)
     encoding = choose_encoding(accept_encoding)
-    if encoding is not None:
-        compressor = zlib.compressobj(COMPRESS_LEVEL, zlib.DEFLATED, _WBITS[encoding])
-        body = compressor.compress(body) + compressor.flush()
-        headers["Content-Encoding"] = encoding
-    return EncodedResponse(body, headers, media_type)
+    if encoding is None:
+        # Not joined: the route streams large binary outputs straight from their arrays (peak RSS, measured).
+        return EncodedResponse(parts, headers, media_type)
+    compressor = zlib.compressobj(COMPRESS_LEVEL, zlib.DEFLATED, _WBITS[encoding])
+    body = b"".join([compressor.compress(part) for part in parts]) + compressor.flush()
+    headers["Content-Encoding"] = encoding
+    return EncodedResponse((body,), headers, media_type)
 
 
 def _cast(arr: np.ndarray, dtype: np.dtype[Any], field: str) -> np.ndarray:
     with np.errstate(over="ignore"):
         out = np.asarray(arr, dtype=dtype, order="C")  # not ascontiguousarray: it turns a scalar into shape [1]
-    if not np.isfinite(out).all():
+    # min and max carry any NaN or inf out, without a temporary the size of the output (peak RSS).
+    if not (np.isfinite(out.min()) and np.isfinite(out.max())):
         name = DATATYPE_OF[out.dtype]
         raise InvalidInput(f"the result is not finite in {name}; scale the input down or use a larger eps", field)
     return out

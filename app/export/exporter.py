@@ -302,8 +302,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`normserve export`: progress on stderr; on any failure one line of error, exit status 1."""
+def main(argv: Sequence[str] | None = None, progress: Progress | None = None) -> int:
+    """`normserve export`: progress on stderr (or to `progress`); on any failure one line of error, exit status 1."""
     args = _parse_args(argv)
     try:
         export_models(
@@ -314,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             opset=args.opset,
             tolerance=args.tolerance,
-            progress=lambda message: print(message, file=sys.stderr, flush=True),
+            progress=progress or (lambda message: print(message, file=sys.stderr, flush=True)),
         )
     except (ExportError, ValueError, OSError) as e:  # CheckpointError is a ValueError
         print(f"normserve export: error: {e}", file=sys.stderr)

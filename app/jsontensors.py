@@ -1,0 +1,105 @@
+"""JSON bodies whose float tensors go straight from simdjson's tape into NumPy, never through Python lists.
+
+`orjson.loads` builds one Python float (24 bytes) and one list slot (8 bytes) per number:
+a 64 MiB body of floats became ~390 MiB of objects and took 3.5 s, measured. Here simdjson
+parses the body once, each tensor comes out of its tape as one float64 buffer, and only the
+small fields become Python objects.
+
+This is only a fast path. Anything it is not sure of (invalid JSON, a non-number, a ragged
+or too-deep array, a tensor of booleans) returns None or leaves that value as Python lists,
+and the callers then take the orjson path, whose checks write every error message.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import orjson
+import simdjson
+
+Path = tuple[str | int, ...]
+
+
+class _Unsure(Exception):
+    """The fast path cannot tell; the caller parses with orjson instead."""
+
+
+_SHORT_ROWS = 1 << 16  # beyond this many innermost lists the rectangularity walk costs more than it saves
+
+
+def loads(body: bytes | bytearray | memoryview, is_tensor: Callable[[Path], bool]) -> Any | None:
+    """The document, with each numeric array at a path where is_tensor holds as a float64 ndarray; None = fall back."""
+    try:
+        root = simdjson.Parser().parse(body)
+    except (ValueError, TypeError, RuntimeError):  # invalid JSON: orjson names the problem
+        return None
+    lists = [0]  # '[' of the arrays converted to NumPy, which the skeleton below no longer shows
+    try:
+        doc = _convert(root, (), is_tensor, lists)
+    except _Unsure:
+        return None
+    skeleton = orjson.dumps(doc, default=lambda _: 0)  # every '[' outside the tensors, strings and keys included
+    # A numeric array may hide an extra level ([1, [2]] flattens to the same buffer as [1, 2]); the
+    # body's '[' count equals lists + the skeleton's only when every tensor is exactly its shape.
+    if _count_open_brackets(body) != lists[0] + skeleton.count(b"["):
+        return None
+    return doc
+
+
+def _convert(node: Any, path: Path, is_tensor: Callable[[Path], bool], lists: list[int]) -> Any:
+    if isinstance(node, simdjson.Object):
+        keys = list(node.keys())  # not items(): it would turn every value into Python objects
+        if len(set(keys)) != len(keys):
+            raise _Unsure  # duplicate keys: orjson's rule (the last wins) decides
+        return {key: _convert(node[key], (*path, key), is_tensor, lists) for key in keys}
+    if isinstance(node, simdjson.Array):
+        if is_tensor(path):
+            arr = _numeric(node)
+            if arr is not None:
+                lists[0] += sum(math.prod(arr.shape[:d]) for d in range(arr.ndim))  # 1 + d0 + d0*d1 + ...
+                return arr
+            return node.as_list()  # booleans, strings, ragged: the codec's own checks explain what is wrong
+        return [_convert(value, (*path, i), is_tensor, lists) for i, value in enumerate(node)]
+    return node
+
+
+def _numeric(node: simdjson.Array) -> np.ndarray | None:
+    """A rectangular array of numbers as float64 (row-major), or None."""
+    shape: list[int] = []
+    probe: Any = node
+    while isinstance(probe, simdjson.Array):
+        if len(probe) == 0:
+            return None
+        shape.append(len(probe))
+        probe = probe[0]
+    if isinstance(probe, bool) or not isinstance(probe, int | float):
+        return None
+    rows = math.prod(shape[:-1])
+    if rows > _SHORT_ROWS and rows * 8 > math.prod(shape):
+        return None
+    level = [node]
+    for size in shape[1:]:  # every list above the numbers holds lists of the expected length
+        children = []
+        for parent in level:
+            for child in parent:
+                if not isinstance(child, simdjson.Array) or len(child) != size:
+                    return None
+                children.append(child)
+        level = children
+    try:
+        flat = np.frombuffer(node.as_buffer(of_type="d"), dtype=np.float64)
+    except (TypeError, ValueError):  # a boolean, null or string among the numbers; or a number out of range
+        return None
+    if flat.size != math.prod(shape):
+        return None
+    return flat.reshape(shape)
+
+
+def _count_open_brackets(body: bytes | bytearray | memoryview) -> int:
+    if not isinstance(body, memoryview):
+        return body.count(b"[")
+    step = 1 << 22  # bounded copies: a 64 MiB view is never duplicated whole
+    return sum(bytes(body[i : i + step]).count(b"[") for i in range(0, len(body), step))

@@ -1,0 +1,86 @@
+"""Structured logs: one JSON object per line on stderr, for normserve's and uvicorn's loggers alike."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+import orjson
+
+ACCESS = logging.getLogger("normserve.access")
+
+# LogRecord's own attributes: anything else on a record came from `extra=` and becomes a JSON field.
+_RECORD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+_SKIP = _RECORD_ATTRS | {"color_message"}  # uvicorn's ANSI-coloured copy of the message
+
+
+class JsonFormatter(logging.Formatter):
+    """{"ts", "level", "logger", "msg", ...extra fields, "exc"}; never the message's arguments on their own."""
+
+    _second: tuple[int, str] = (-1, "")  # strftime once per second, not once per line
+
+    def format(self, record: logging.LogRecord) -> str:
+        second, text = self._second
+        if int(record.created) != second:
+            second, text = int(record.created), time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            self._second = (second, text)
+        doc: dict[str, Any] = {
+            "ts": f"{text}.{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        doc.update((k, v) for k, v in record.__dict__.items() if k not in _SKIP)
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc, default=str, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+def _level(name: str) -> str:
+    return name.upper()
+
+
+def uvicorn_log_config(level: str) -> dict[str, Any]:
+    """uvicorn's `log_config`: JSON from its first line; its access log off, as normserve.access replaces it."""
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "app.logs.JsonFormatter"}},
+        "handlers": {"stderr": handler},
+        "loggers": {
+            "uvicorn": {"handlers": ["stderr"], "level": _level(level), "propagate": False},
+            "uvicorn.access": {"handlers": [], "propagate": False},
+            "normserve": {"handlers": ["stderr"], "level": _level(level), "propagate": False},
+        },
+    }
+
+
+def configure(level: str) -> None:
+    """JSON on stderr for normserve.* and uvicorn.*, at NORMSERVE_LOG_LEVEL; idempotent (one handler each).
+
+    Runs in each worker's lifespan, so `uvicorn app.main:app` gets JSON too from start-up on;
+    `normserve serve` already hands uvicorn the same setup (uvicorn_log_config) before it logs anything.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    for name in ("normserve", "uvicorn"):
+        logger = logging.getLogger(name)
+        logger.handlers = [handler]
+        logger.propagate = False
+    logging.getLogger("normserve").setLevel(_level(level))
+    # No handler and no propagation: uvicorn sees hasHandlers() false and does not even build its access lines.
+    access = logging.getLogger("uvicorn.access")
+    access.handlers = []
+    access.propagate = False
+
+
+def access_enabled() -> bool:
+    return ACCESS.isEnabledFor(logging.INFO)
+
+
+def access(fields: dict[str, Any]) -> None:
+    """The one line per request: fields name the request, never its body or query."""
+    ACCESS.info("request", extra=fields)

@@ -1,0 +1,188 @@
+"""Prometheus metrics: requests per route template and status, inference per model, model load and parity.
+
+With several worker processes, prometheus-client's multiprocess mode sums the workers' files:
+set PROMETHEUS_MULTIPROC_DIR (an empty directory) before the workers start; `normserve serve
+--workers N` does so itself. Gauges say how they combine across workers (`multiprocess_mode`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# No *_created series: they double the output, and no dashboard reads them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+UNMATCHED = "unmatched"  # the route label of requests no route matched (404): never the raw path
+
+# 0.5 ms to 60 s (the default request timeout): a small /normalize takes well under a millisecond.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_BUCKETS = tuple(float(4**i) for i in range(12))  # 1 .. 4^11 rows (4M; a tensor holds at most 16M elements)
+
+REQUESTS = Counter(
+    "normserve_http_requests",
+    "HTTP requests answered, by method, route template and status.",
+    ["method", "route", "status"],
+)
+REQUEST_SECONDS = Histogram(
+    "normserve_http_request_duration_seconds",
+    "Time from receiving an HTTP request to sending the last byte of its response.",
+    ["method", "route", "status"],
+    buckets=LATENCY_BUCKETS,
+)
+IN_FLIGHT = Gauge(
+    "normserve_inference_requests_in_flight",
+    "Inference requests admitted and not yet finished (NORMSERVE_MAX_IN_FLIGHT bounds it per worker).",
+    multiprocess_mode="livesum",
+)
+INFERENCE_SECONDS = Histogram(
+    "normserve_inference_duration_seconds",
+    "onnxruntime run time of one inference, per model (the parity warm-up included).",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
+)
+BATCH_SIZE = Histogram(
+    "normserve_inference_batch_size",
+    "Rows (batch entries) per onnxruntime run, per model.",
+    ["model"],
+    buckets=BATCH_BUCKETS,
+)
+LOAD_SECONDS = Gauge(
+    "normserve_model_load_seconds",
+    "Time to verify a model's sha256 and build its session (the slowest live worker).",
+    ["model"],
+    multiprocess_mode="livemax",
+)
+PARITY = Gauge(
+    "normserve_model_parity_max_abs_diff",
+    "Max abs difference from the NumPy reference in the start-up warm-up (the worst live worker).",
+    ["model"],
+    multiprocess_mode="livemax",
+)
+
+# labels() takes a lock and hashes its arguments each call; the middleware calls it per request.
+_request_children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
+
+
+def observe_request(method: str, route: str, status: int, seconds: float) -> None:
+    """Count one answered HTTP request; route is the template (/v2/models/{name}/infer), never the raw path."""
+    key = (method, route, str(status))
+    children = _request_children.get(key)
+    if children is None:
+        children = _request_children.setdefault(key, (REQUESTS.labels(*key), REQUEST_SECONDS.labels(*key)))
+    children[0].inc()
+    children[1].observe(seconds)
+
+
+def observe_inference(model: str, seconds: float, batch_size: int) -> None:
+    """One onnxruntime run of model (Model.run calls it for every run, merged batches included)."""
+    INFERENCE_SECONDS.labels(model).observe(seconds)
+    observe_batch(model, batch_size)
+
+
+def observe_batch(model: str, size: int) -> None:
+    """The batch size of one run: its rows, so a dynamically merged batch counts once with its merged size."""
+    BATCH_SIZE.labels(model).observe(size)
+
+
+def record_model(model: str, load_seconds: float, parity_max_abs_diff: float | None = None) -> None:
+    """What start-up learned of a model: its load time and, once warmed up, its parity figure."""
+    LOAD_SECONDS.labels(model).set(load_seconds)
+    if parity_max_abs_diff is not None:
+        PARITY.labels(model).set(parity_max_abs_diff)
+
+
+def multiprocess_dir() -> Path | None:
+    value = os.environ.get(MULTIPROC_ENV)
+    return Path(value) if value else None
+
+
+@contextmanager
+def multiprocess_dir_for(workers: int) -> Iterator[Path | None]:
+    """For `normserve serve`: with several workers, a fresh PROMETHEUS_MULTIPROC_DIR, removed when they end.
+
+    A directory the operator set is used as it is, emptied of a previous run's files first (which
+    prometheus-client requires: stale files would add the old counts to the new ones).
+    """
+    existing = multiprocess_dir()
+    if existing is not None:
+        existing.mkdir(parents=True, exist_ok=True)
+        for stale in existing.glob("*.db"):
+            if not stale.name.endswith(f"_{os.getpid()}.db"):  # this process's own files are already open
+                stale.unlink()
+        yield existing
+        return
+    if workers <= 1:
+        yield None
+        return
+    directory = tempfile.mkdtemp(prefix="normserve-metrics-")
+    os.environ[MULTIPROC_ENV] = directory  # the workers inherit it and start in multiprocess mode
+    try:
+        yield Path(directory)
+    finally:
+        os.environ.pop(MULTIPROC_ENV, None)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def render() -> bytes:
+    """The Prometheus text format of this worker, or of every worker in multiprocess mode."""
+    if multiprocess_dir() is None:
+        return generate_latest(REGISTRY)
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return generate_latest(registry)
+
+
+_LIVE_FILE = re.compile(r"gauge_live\w+_(\d+)\.db")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def reap_dead_workers() -> list[int]:
+    """Drop the live gauges of workers that died without cleaning up (killed, crashed); returns their pids.
+
+    Counters and histograms of dead workers stay: their requests still happened. Each worker runs this
+    as it starts, so a worker the server restarts clears the gauges of the one it replaces.
+    """
+    directory = multiprocess_dir()
+    if directory is None or not directory.is_dir():
+        return []
+    pids = {int(m.group(1)) for f in directory.iterdir() if (m := _LIVE_FILE.fullmatch(f.name))}
+    dead = sorted(pid for pid in pids if not _alive(pid))
+    for pid in dead:
+        multiprocess.mark_process_dead(pid, str(directory))  # type: ignore[no-untyped-call]
+    return dead
+
+
+def worker_exit() -> None:
+    """A worker that shuts down cleanly removes its own live gauges."""
+    if multiprocess_dir() is not None:
+        multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]

@@ -1,0 +1,118 @@
+"""Per-request observability as pure ASGI middleware: X-Request-ID, Prometheus request metrics, the JSON log line.
+
+Pure ASGI rather than BaseHTTPMiddleware, which buffers bodies: the routes read the raw stream
+themselves (size limits, 413 before the whole body is in memory), and the wrappers here only count.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app import logs, metrics
+
+HEADER = "X-Request-ID"
+_HEADER_KEY = b"x-request-id"
+# An id the client sent is echoed into headers and logs only if it is short and plain.
+_SAFE_ID = re.compile(rb"[A-Za-z0-9._:/+=-]{1,128}")
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
+
+
+@dataclass
+class RequestInfo:
+    """What the log line learns while the request runs: Runtime.get names the model, on the loop or in a thread."""
+
+    request_id: str
+    model: str | None = None
+
+
+# The threadpool copies the context into the inference thread, so both see the same RequestInfo object.
+_current: ContextVar[RequestInfo | None] = ContextVar("normserve_request", default=None)
+
+
+def request_id(scope: Scope) -> str | None:
+    """The id of the request being served, for responses built outside this middleware (unexpected 500s)."""
+    value = scope.get("state", {}).get("request_id")
+    return value if isinstance(value, str) else None
+
+
+def note_model(model: str) -> None:
+    """Name the model on the current request's log line; called wherever a request picks its model."""
+    info = _current.get()
+    if info is not None:
+        info.model = model
+
+
+def _incoming_id(scope: Scope) -> str:
+    for key, value in scope["headers"]:
+        if key == _HEADER_KEY:
+            return value.decode("ascii") if _SAFE_ID.fullmatch(value) else uuid.uuid4().hex
+    return uuid.uuid4().hex
+
+
+def _route(scope: Scope) -> str:
+    # The router stores the matched route in the scope: its template bounds the label's values.
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else metrics.UNMATCHED
+
+
+class ObservabilityMiddleware:
+    """Wraps every HTTP request: echoes or sets X-Request-ID, then records and logs the answer."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        info = RequestInfo(_incoming_id(scope))
+        scope.setdefault("state", {})["request_id"] = info.request_id
+        header = (_HEADER_KEY, info.request_id.encode("ascii"))
+        status, bytes_in, bytes_out = 500, 0, 0
+
+        async def receive_counted() -> Message:
+            nonlocal bytes_in
+            message = await receive()
+            bytes_in += len(message.get("body", b""))
+            return message
+
+        async def send_tagged(message: Message) -> None:
+            nonlocal status, bytes_out
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            elif message["type"] == "http.response.body":
+                bytes_out += len(message.get("body", b""))
+            await send(message)
+
+        token = _current.set(info)
+        try:
+            await self.app(scope, receive_counted, send_tagged)
+        finally:
+            _current.reset(token)
+            seconds = time.perf_counter() - start
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            route = _route(scope)
+            metrics.observe_request(method, route, status, seconds)
+            if logs.access_enabled():
+                logs.access(
+                    {
+                        "request_id": info.request_id,
+                        "method": method,
+                        "route": route,
+                        "path": scope["path"][:256],  # without the query string, which may carry data
+                        "status": status,
+                        "duration_ms": round(seconds * 1000, 3),
+                        "model": info.model,
+                        "bytes_in": bytes_in,
+                        "bytes_out": bytes_out,
+                    }
+                )

@@ -1,0 +1,182 @@
+"""`normserve validate`: parity of every model against the NumPy reference, in process or against a running server.
+
+A plan is a list of steps (a description and the work), so that the CLI can show progress between them.
+Remote: /normalize outputs are compared here with app.reference in float64 on fixed seeded inputs (both
+eps modes, gamma/beta, one and two normalized dims); the encoders' weights stay on the server, so
+/encode is asked to check itself (`validate: true`) and its figures are reported.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from app import dataplane, reference
+from app.runtime import ModelLoadError, Runtime
+from app.settings import Settings
+
+SEED = 20261122
+TIMEOUT_S = 60.0
+ENCODERS = ("encoder", "encoder-preln")
+# (name, shape, k, eps, eps_mode, gamma/beta, offset): both eps modes, one and two normalized dims, large offsets.
+NORMALIZE_CASES = (
+    ("var k=1", (4, 16), 1, 1e-5, "var", False, 0.0),
+    ("std k=1 gamma/beta", (4, 16), 1, 1e-6, "std", True, 0.0),
+    ("var k=2 gamma/beta +100", (3, 5, 16), 2, 1e-5, "var", True, 100.0),
+    ("std k=2 +100", (3, 5, 16), 2, 1e-5, "std", False, 100.0),
+)
+
+
+class ValidateError(RuntimeError):
+    """A check that could not run at all: no models, an unreachable server, an unexpected answer."""
+
+
+@dataclass(frozen=True)
+class Check:
+    model: str
+    check: str
+    max_abs_diff: float
+    atol: float
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_diff <= self.atol  # NaN fails
+
+
+Step = tuple[str, Callable[[], list[Check]]]
+
+
+def in_process_plan(model_dir: Path, atol: float | None = None) -> list[Step]:
+    """Load model_dir as a worker does (sha256, sessions), then run the start-up parity warm-up."""
+    if not (model_dir / "manifest.json").is_file():  # checked before any step: a plain one-line error
+        raise ValidateError(f"{model_dir}: no manifest.json; run `normserve export` or pass --model-dir")
+    runtime = Runtime(Settings(model_dir=model_dir))
+
+    def load() -> list[Check]:
+        try:
+            runtime.load()
+        except (ModelLoadError, OSError, ValueError, KeyError) as e:
+            raise ValidateError(str(e)) from None
+        return []
+
+    def warm_up() -> list[Check]:
+        figures = dataplane.warm_up(runtime)  # ModelLoadError past its own tolerance: the CLI reports it
+        return [
+            Check(name, "warm-up vs NumPy", diff, _warm_up_atol(runtime, name) if atol is None else atol)
+            for name, diff in figures.items()
+        ]
+
+    return [(f"verifying sha256 and loading {model_dir}", load), ("parity warm-up against NumPy", warm_up)]
+
+
+def _warm_up_atol(runtime: Runtime, name: str) -> float:
+    # The tolerances dataplane.warm_up applies: 1e-5 times the largest |gamma| bound (2) for layernorm.
+    return 2 * dataplane.NORMALIZE_ATOL if runtime.models[name].kind == "layernorm" else runtime.settings.validate_atol
+
+
+def remote_plan(url: str, atol: float | None = None) -> list[Step]:
+    """Every /normalize case, then /encode of each encoder with `validate: true`; the server must be ready."""
+    base = _base_url(url)
+    _call("GET", f"{base}/v2/health/ready")  # before any step: an unreachable or unready server is one line
+    rng = np.random.default_rng(SEED)
+    steps: list[Step] = []
+    for case in NORMALIZE_CASES:
+        doc, expected = _normalize_case(rng, case)
+        steps.append((f"POST /normalize ({case[0]})", _normalize_step(base, case[0], doc, expected, atol)))
+    for name in ENCODERS:
+        steps.append((f"POST /encode (model {name}, validate: true)", _encode_step(base, name, rng, atol)))
+    return steps
+
+
+def _base_url(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValidateError(f"--url {url!r} is not an http(s)://host:port URL")
+    return url.rstrip("/")
+
+
+def _normalize_case(rng: np.random.Generator, case: tuple[Any, ...]) -> tuple[dict[str, Any], tuple[np.ndarray, float]]:
+    _, shape, k, eps, mode, affine, offset = case
+    x = rng.standard_normal(shape) * 4 + offset
+    x32 = x.astype(np.float32)  # the server computes on float32: the reference gets the same values
+    doc: dict[str, Any] = {"data": x32.tolist(), "normalized_shape": list(shape[-k:]), "eps": eps, "eps_mode": mode}
+    gamma = beta = None
+    if affine:
+        gamma = (1 + 0.1 * rng.standard_normal(shape[-k:])).astype(np.float32)
+        beta = (0.5 * rng.standard_normal(shape[-k:])).astype(np.float32)
+        doc.update(gamma=gamma.tolist(), beta=beta.tolist())
+    ref = reference.layer_norm(x32, k, eps, mode, gamma, beta).output
+    gamma_max = 1.0 if gamma is None else max(1.0, float(np.abs(gamma).max()))
+    # The service's own promise (dataplane): 1e-5 x max(1, |gamma|) plus half an ulp of the largest output.
+    atol = dataplane.NORMALIZE_ATOL * gamma_max + dataplane.FLOAT32_ULP * float(np.abs(ref).max())
+    return doc, (ref, atol)
+
+
+def _normalize_step(
+    base: str, case: str, doc: dict[str, Any], expected: tuple[np.ndarray, float], atol: float | None
+) -> Callable[[], list[Check]]:
+    def step() -> list[Check]:
+        ref, default_atol = expected
+        got = _call("POST", f"{base}/normalize", doc)
+        out = np.asarray(got.get("output"), dtype=np.float64)
+        if out.shape != ref.shape:
+            raise ValidateError(f"POST {base}/normalize: output shape {list(out.shape)}, expected {list(ref.shape)}")
+        return [Check("layernorm", case, float(np.abs(out - ref).max()), default_atol if atol is None else atol)]
+
+    return step
+
+
+def _encode_step(base: str, name: str, rng: np.random.Generator, atol: float | None) -> Callable[[], list[Check]]:
+    seed = int(rng.integers(2**32))  # drawn now: the inputs do not depend on the order steps run in
+
+    def step() -> list[Check]:
+        meta = _call("GET", f"{base}/v2/models/{name}")
+        d_model = next(int(t["shape"][-1]) for t in meta.get("inputs", []) if t.get("name") == "input")
+        x = np.random.default_rng(seed).standard_normal((2, 7, d_model)).astype(np.float32)
+        mask = np.zeros((2, 7), dtype=bool)
+        mask[1, 4:] = True  # the second sequence is padded: masking is checked too
+        doc = {"data": x.tolist(), "padding_mask": mask.tolist(), "model": name, "validate": True}
+        validation = _call("POST", f"{base}/encode", doc).get("validation") or {}
+        if "max_abs_diff" not in validation:
+            raise ValidateError(f"POST {base}/encode: the answer has no validation figures")
+        return [
+            Check(
+                name,
+                "encode, validate: true",
+                float(validation["max_abs_diff"]),
+                float(validation["atol"]) if atol is None else atol,
+            )
+        ]
+
+    return step
+
+
+def _call(method: str, url: str, doc: Any = None) -> dict[str, Any]:
+    """One JSON request; ValidateError with the server's own error message on any failure."""
+    data = None if doc is None else orjson.dumps(doc)
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+            body: dict[str, Any] = orjson.loads(resp.read())
+            return body
+    except urllib.error.HTTPError as e:
+        raise ValidateError(f"{method} {url}: HTTP {e.code}: {_error_of(e.read())}") from None
+    except urllib.error.URLError as e:
+        raise ValidateError(f"cannot reach {url}: {e.reason}") from None
+    except (OSError, orjson.JSONDecodeError) as e:
+        raise ValidateError(f"{method} {url}: {e}") from None
+
+
+def _error_of(body: bytes) -> str:
+    try:
+        return str(orjson.loads(body)["error"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return body[:200].decode("utf-8", "replace") or "no body"

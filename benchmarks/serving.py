@@ -1,0 +1,183 @@
+"""Sections 3 to 5, over HTTP on 127.0.0.1: normserve beside its peers, dynamic batching, peak memory."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+
+from app import reference
+from benchmarks import servers
+from benchmarks.inprocess import binary_request, sample
+from benchmarks.load import Request, check, load
+
+LAYERNORM_INFER = "/v2/models/layernorm/infer"
+JSON = {"Content-Type": "application/json"}
+# Which protocols each server speaks (the naive peer has only its /normalize; KServe only V2).
+PROTOCOLS = {
+    "normserve": ("/normalize JSON", "V2 JSON", "V2 binary"),
+    "naive": ("/normalize JSON",),
+    "kserve": ("V2 JSON", "V2 binary"),
+}
+MATCH_ATOL = 1e-4  # every server's answer is checked against the NumPy reference before it is timed
+
+
+@dataclass(frozen=True)
+class HttpPlan:
+    shapes: list[tuple[int, ...]]
+    concurrencies: list[int]
+    seconds: float
+    servers: list[str]
+    # Cells (server, shape, concurrency) too slow to be worth it in a quick run (a naive 2 s request x 8).
+    skip: Callable[[str, tuple[int, ...], int], bool] = lambda server, shape, concurrency: False
+
+
+def make_request(protocol: str, x: np.ndarray) -> Request:
+    if protocol == "/normalize JSON":
+        return Request("/normalize", orjson.dumps({"data": x}, option=orjson.OPT_SERIALIZE_NUMPY), JSON)
+    if protocol == "V2 JSON":
+        doc = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel()}]}
+        doc["outputs"] = [{"name": "output"}]
+        return Request(LAYERNORM_INFER, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), JSON)
+    header, blob = binary_request(x)
+    headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}
+    return Request(LAYERNORM_INFER, header + blob, headers)
+
+
+def output_of(protocol: str, response: httpx.Response) -> np.ndarray:
+    """The normalized tensor of any server's answer, JSON or binary."""
+    if protocol == "/normalize JSON":
+        return np.asarray(response.json()["output"], np.float32)
+    length = response.headers.get("inference-header-content-length")
+    head = orjson.loads(response.content[: int(length)] if length else response.content)
+    out = next(o for o in head["outputs"] if o["name"] == "output")
+    if length:
+        raw = response.content[int(length) : int(length) + out["parameters"]["binary_data_size"]]
+        return np.frombuffer(raw, np.float32).reshape(out["shape"])
+    return np.asarray(out["data"], np.float32).reshape(out["shape"])
+
+
+def _verifier(protocol: str, x: np.ndarray) -> Callable[[httpx.Response], None]:
+    want = reference.layer_norm(x, 1, 1e-5, "var").output
+
+    def verify(response: httpx.Response) -> None:
+        got = output_of(protocol, response)
+        diff = float(np.abs(got.reshape(want.shape) - want).max())
+        if not diff <= MATCH_ATOL:
+            raise RuntimeError(f"{protocol}: answer differs from the reference by {diff:.3g}")
+
+    return verify
+
+
+def http_section(plan: HttpPlan, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Section 3: every (server, protocol, shape, concurrency) cell, each server in turn, one worker each."""
+    rows: list[dict[str, Any]] = []
+    for name in plan.servers:
+        with servers.serve(name) as srv:
+            for protocol in PROTOCOLS[name]:
+                for shape in plan.shapes:
+                    x = sample(shape)
+                    request = make_request(protocol, x)
+                    check(srv.port, request, _verifier(protocol, x))
+                    for conc in plan.concurrencies:
+                        if plan.skip(name, shape, conc):
+                            continue
+                        cpu = servers.cpu_seconds(srv.pid)
+                        result = load(srv.port, request, conc, plan.seconds)
+                        cpu = servers.cpu_seconds(srv.pid) - cpu
+                        row = {"server": name, "protocol": protocol, "shape": shape, "concurrency": conc}
+                        rows.append({**row, **_load_row(result, cpu)})
+                        log(f"{name:9} {protocol:16} {shape!s:15} c={conc:<3} {rows[-1]['rps']:9.1f} req/s")
+    return rows
+
+
+def batching_section(
+    shapes: list[tuple[int, ...]],
+    concurrencies: list[int],
+    seconds: float,
+    on: dict[str, str],
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Section 4: /encode with dynamic batching off, then on, at each shape and concurrency."""
+    rows: list[dict[str, Any]] = []
+    for label, env in (("off", {"NORMSERVE_BATCH_MAX_SIZE": "1"}), ("on", on)):
+        with servers.serve("normserve", env) as srv:
+            for shape in shapes:
+                body = orjson.dumps({"data": sample(shape)}, option=orjson.OPT_SERIALIZE_NUMPY)
+                request = Request("/encode", body, JSON)
+                check(srv.port, request)
+                for conc in concurrencies:
+                    cpu, runs = servers.cpu_seconds(srv.pid), _encoder_runs(srv.port)
+                    result = load(srv.port, request, conc, seconds)
+                    cpu, runs = servers.cpu_seconds(srv.pid) - cpu, _encoder_runs(srv.port) - runs
+                    row = {"batching": label, "shape": shape, "concurrency": conc, **_load_row(result, cpu)}
+                    # Requests per onnxruntime run: above 1 only when the batcher really merged requests.
+                    row["requests_per_run"] = result.requests / runs if runs else float("nan")
+                    rows.append(row)
+                    log(f"encode batching {label:3} {shape!s:15} c={conc:<3} {rows[-1]['rps']:9.1f} req/s")
+    return rows
+
+
+def memory_section(payload_bytes: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Section 5: a fresh worker's peak RSS (VmHWM) while it serves one request of about payload_bytes."""
+    rows = []
+    for protocol in ("/normalize JSON", "V2 binary"):
+        with servers.serve("normserve", {"NORMSERVE_MAX_BODY_BYTES": str(max(payload_bytes, 1 << 26))}) as srv:
+            request = _sized_request(protocol, payload_bytes)
+            check(srv.port, make_request(protocol, sample((2, 8))))  # warm: the first request's allocations
+            idle = servers.memory_kib(srv.pid)
+            start = time.perf_counter()
+            check(srv.port, request)
+            seconds = time.perf_counter() - start
+            peak = servers.memory_kib(srv.pid)["VmHWM"] * 1024
+            mib = len(request.body) / 2**20
+            rows.append(
+                {
+                    "protocol": protocol,
+                    "payload_bytes": len(request.body),
+                    "idle_rss_bytes": idle["VmRSS"] * 1024,
+                    "peak_rss_bytes": peak,
+                    "seconds": seconds,
+                }
+            )
+            log(f"memory {protocol:16} {mib:6.1f} MiB request: peak RSS {peak / 2**20:7.1f} MiB")
+    return rows
+
+
+def _encoder_runs(port: int) -> float:
+    """onnxruntime runs of the encoder so far, from GET /metrics (normserve_inference_batch_size_count)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    prefix = 'normserve_inference_batch_size_count{model="encoder"}'
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def _sized_request(protocol: str, payload_bytes: int) -> Request:
+    """A request whose body is just under payload_bytes: rows of 1024 random float32 values."""
+    per_row = len(make_request(protocol, sample((4, 1024))).body) / 4
+    rows = max(1, int(payload_bytes * 0.995 / per_row))
+    while True:
+        request = make_request(protocol, sample((rows, 1024), seed=1))
+        if len(request.body) <= payload_bytes:
+            return request
+        rows = int(rows * payload_bytes / len(request.body) * 0.999)
+
+
+def _load_row(result: Any, cpu_s: float) -> dict[str, Any]:
+    return {
+        "cpu_ms_per_request": cpu_s / result.requests * 1e3 if result.requests else float("nan"),
+        "rps": result.rps,
+        "p50_ms": result.percentile_ms(50),
+        "p99_ms": result.percentile_ms(99),
+        "errors": result.errors,
+        "requests": result.requests,
+    }
+
+
+def stderr_log(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,224 @@
+"""`normserve bench`: run every section in one process, then write docs/benchmarks.md and docs/benchmarks.png."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import importlib.util
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from benchmarks import inprocess, report, servers, serving
+from benchmarks.serving import HttpPlan, stderr_log
+
+FLOOR_SHAPES = [(1, 8, 64), (8, 128, 768), (32, 512, 1024)]
+HTTP_SHAPES = [(1, 8, 64), (8, 128, 768)]
+ENCODE_SHAPES = [(1, 128, 128), (8, 128, 128), (1, 16, 128)]  # the last: where a merged run is cheaper
+# Every shape merged, to show where merging pays (the default NORMSERVE_BATCH_MAX_SEQ_LEN=64 merges seq 16 only).
+BATCHING_ON = {
+    "NORMSERVE_BATCH_MAX_SIZE": "8",
+    "NORMSERVE_BATCH_DELAY_US": "2000",
+    "NORMSERVE_BATCH_MAX_SEQ_LEN": "512",
+}
+MERGE_SEQS = [8, 16, 32, 64, 96, 128]  # where a merged encoder run stops being cheaper per sequence
+SECTIONS = ("floor", "codecs", "http", "batching", "memory")
+
+
+@dataclass
+class Config:
+    """What one run measures and for how long; `quick()` and `full()` are the two the CLI offers."""
+
+    out_dir: Path
+    mode: str
+    floor_shapes: list[tuple[int, ...]]
+    codec_shapes: list[tuple[int, ...]]
+    budget_s: float  # per in-process measurement
+    http: HttpPlan
+    encode_shapes: list[tuple[int, ...]]
+    encode_concurrencies: list[int]
+    encode_seconds: float
+    memory_bytes: int
+    floor_shape: tuple[int, ...] = (8, 128, 768)  # the shape of the in-process sums the targets compare with
+    sections: tuple[str, ...] = SECTIONS
+    note: str = ""
+    fidelity: bool = True
+    command: str = "normserve bench"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _slow_peer_cell(server: str, shape: tuple[int, ...], conc: int) -> bool:
+    # A naive or KServe JSON request of (8,128,768) takes seconds: 8 of them at once only in a full run.
+    return server != "normserve" and math.prod(shape) > 100_000 and conc > 1
+
+
+def quick(out_dir: Path, peers: list[str]) -> Config:
+    plan = HttpPlan(HTTP_SHAPES, [1, 8], 1.5, ["normserve", *peers], skip=_slow_peer_cell)
+    return Config(out_dir, "quick", FLOOR_SHAPES, HTTP_SHAPES, 0.15, plan, ENCODE_SHAPES, [1, 16], 1.5, 64 << 20)
+
+
+def full(out_dir: Path, peers: list[str]) -> Config:
+    plan = HttpPlan(HTTP_SHAPES, [1, 8], 20.0, ["normserve", *peers])
+    return Config(out_dir, "full", FLOOR_SHAPES, FLOOR_SHAPES, 2.0, plan, ENCODE_SHAPES, [1, 16], 20.0, 64 << 20)
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    """Measure every section of cfg in order and write the report; returns the results."""
+    from app.runtime import Runtime
+    from app.settings import Settings
+
+    started = time.time()
+    settings = Settings(model_dir=servers.ROOT / "models")
+    runtime = Runtime(settings)
+    runtime.load()
+    layernorm_path = str(runtime.get("layernorm").path)
+    results: dict[str, Any] = {}
+    if "floor" in cfg.sections:
+        stderr_log("section 1: in-process floor")
+        results["floor"] = inprocess.floor(runtime, cfg.floor_shapes, cfg.budget_s)
+        results["threads"] = inprocess.threads(layernorm_path, cfg.floor_shapes, cfg.budget_s)
+        results["stats_cost"] = inprocess.stats_cost(runtime, cfg.floor_shapes, cfg.budget_s)
+    if "codecs" in cfg.sections:
+        stderr_log("section 2: codecs")
+        results["codecs"] = inprocess.codecs(runtime, settings, cfg.codec_shapes, cfg.budget_s)
+        results["json_floor"] = {
+            "shape": cfg.floor_shape,
+            **inprocess.json_request_floor(runtime, cfg.floor_shape, cfg.budget_s),
+        }
+        results["binary_floor"] = {
+            "shape": cfg.floor_shape,
+            **inprocess.binary_request_floor(runtime, cfg.floor_shape, cfg.budget_s),
+        }
+    if "batching" in cfg.sections:
+        results["merged_runs"] = inprocess.merged_runs(runtime, MERGE_SEQS, cfg.budget_s)
+    del runtime  # the servers below are separate processes; free this one's sessions
+    if "http" in cfg.sections:
+        stderr_log(f"section 3: HTTP, {cfg.http.seconds:g} s per cell, servers {cfg.http.servers}")
+        results["http"] = serving.http_section(cfg.http, stderr_log)
+    if "batching" in cfg.sections:
+        stderr_log("section 4: /encode, dynamic batching off and on")
+        results["batching"] = serving.batching_section(
+            cfg.encode_shapes, cfg.encode_concurrencies, cfg.encode_seconds, BATCHING_ON, stderr_log
+        )
+    if "memory" in cfg.sections:
+        stderr_log("section 5: peak RSS")
+        results["memory"] = serving.memory_section(cfg.memory_bytes, stderr_log)
+    if cfg.fidelity and set(cfg.sections) == set(SECTIONS):  # a partial run (--sections) leaves it out
+        fidelity = _fidelity(cfg)
+        if fidelity:
+            results["fidelity"] = fidelity
+    results["meta"] = _meta(cfg, time.time() - started)
+    _write(cfg, results)
+    return results
+
+
+def _write(cfg: Config, results: dict[str, Any]) -> None:
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    report.write_plot(results, cfg.out_dir / "benchmarks.png")
+    report.write_markdown(results, cfg.out_dir / "benchmarks.md", "benchmarks.png")
+    # The raw figures beside the report: `--render` rewrites the report from them without measuring again.
+    raw = orjson.dumps(results, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+    (cfg.out_dir / "benchmarks.json").write_bytes(raw)
+    stderr_log(f"wrote {cfg.out_dir / 'benchmarks.md'} and {cfg.out_dir / 'benchmarks.png'}")
+
+
+def _fidelity(cfg: Config) -> str | None:
+    """scripts/fidelity.py's main, when that script exists (it is another part of the suite)."""
+    path = servers.ROOT / "scripts" / "fidelity.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("normserve_fidelity", path)
+    if spec is None or spec.loader is None:
+        return None
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        code = module.main(["--out-dir", str(cfg.out_dir), *(["--repeats", "5"] if cfg.mode == "quick" else [])])
+    except (Exception, SystemExit) as e:  # a fidelity failure is reported, never ends the benchmark
+        return f"`scripts/fidelity.py` failed: {e!r}"
+    return f"`scripts/fidelity.py` ran in the same run (exit code {code!r}) and wrote [fidelity.md](fidelity.md)."
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _meta(cfg: Config, seconds: float) -> dict[str, Any]:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in _cpuinfo() if ln.startswith("model name")), platform.processor())
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    versions = {p: _version(p) for p in ("normserve", "onnxruntime", "numpy", "orjson", "fastapi", "uvicorn", "torch")}
+    versions["python"] = platform.python_version()
+    versions["kserve (own venv)"] = servers.kserve_version() if "kserve" in cfg.http.servers else "not run"
+    return {
+        "command": cfg.command,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "mode": cfg.mode,
+        "seconds": seconds,
+        "note": cfg.note,
+        "http_seconds": cfg.http.seconds,
+        "batching_on": ", ".join(f"{k}={v}" for k, v in BATCHING_ON.items()),
+        "machine": {
+            "cores (os.cpu_count)": os.cpu_count(),
+            "cores this process may use": len(os.sched_getaffinity(0)),
+            "CPU": cpu,
+            "memory": f"{mem:.1f} GiB",
+            "OS": platform.platform(),
+        },
+        "versions": versions,
+        **cfg.extra,
+    }
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="normserve bench", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="~1.5 s per HTTP cell and fewer cells: under 3 minutes")
+    p.add_argument("--with-kserve", action="store_true", help="quick run: create the KServe venv if absent and run it")
+    p.add_argument("--no-kserve", action="store_true", help="leave the KServe peer out")
+    p.add_argument("--out-dir", type=Path, default=servers.ROOT / "docs", help="where benchmarks.md and .png go")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--note", default="", help="a sentence for the report, e.g. that the machine was shared")
+    p.add_argument("--render", type=Path, help="only rewrite the report from a saved benchmarks.json")
+    args = p.parse_args(argv)
+    if args.render:
+        results = orjson.loads(args.render.read_bytes())
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        report.write_plot(results, args.out_dir / "benchmarks.png")
+        report.write_markdown(results, args.out_dir / "benchmarks.md", "benchmarks.png")
+        return 0
+    peers = ["naive"]
+    if not args.no_kserve and (not args.quick or args.with_kserve or servers.kserve_ready()):
+        servers.ensure_kserve_venv()
+        peers.append("kserve")
+    elif not args.no_kserve:
+        stderr_log(f"quick run without the KServe peer: {servers.KSERVE_VENV} is absent (--with-kserve creates it)")
+    cfg = (quick if args.quick else full)(args.out_dir, peers)
+    cfg.sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
+    unknown = set(cfg.sections) - set(SECTIONS)
+    if unknown:
+        p.error(f"unknown sections {sorted(unknown)}; expected some of {','.join(SECTIONS)}")
+    cfg.note = args.note
+    cfg.command = "normserve bench" + (" --quick" if args.quick else "")
+    run(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The benchmark's code path end to end, tiny and fast: real servers, real load, the report; no timing asserted."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # benchmarks/ lives beside app/ in the checkout, as scripts/bench.py finds it
+
+from benchmarks import suite  # noqa: E402
+from benchmarks.serving import HttpPlan  # noqa: E402
+
+SECTION_HEADINGS = [
+    "## Machine and versions",
+    "## Targets",
+    "## 1. In process: the floor",
+    "### onnxruntime intra-op threads",
+    "### Cost of the statistics outputs",
+    "## 2. Codec costs",
+    "## 3. Over HTTP on 127.0.0.1",
+    "## 4. /encode with dynamic batching off and on",
+    "## 5. Peak memory of a worker serving one large request",
+]
+
+
+def tiny(out_dir: Path) -> suite.Config:
+    """The quick run's code path on tiny shapes, 0.3 s per HTTP cell, the naive peer but no KServe."""
+    shapes = [(1, 8, 64), (2, 4, 32)]
+    plan = HttpPlan(shapes, [1, 2], 0.3, ["normserve", "naive"])
+    return suite.Config(
+        out_dir=out_dir,
+        mode="quick",
+        floor_shapes=shapes,
+        codec_shapes=shapes,
+        budget_s=0.01,
+        http=plan,
+        encode_shapes=[(1, 4, 128)],
+        encode_concurrencies=[1, 4],
+        encode_seconds=0.3,
+        memory_bytes=1 << 20,
+        floor_shape=(2, 4, 32),
+        fidelity=False,  # scripts/fidelity.py has its own tests
+        note="smoke test",
+    )
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bench")
+    return out, suite.run(tiny(out))
+
+
+def test_the_report_and_its_plot_are_written(report: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = report
+    text = (out / "benchmarks.md").read_text()
+    png = (out / "benchmarks.png").read_bytes()
+    assert (out / "benchmarks.json").is_file()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
+    assert "smoke test" in text and "cores (os.cpu_count)" in text
+
+
+@pytest.mark.parametrize("heading", SECTION_HEADINGS)
+def test_every_section_has_its_table(report: tuple[Path, dict[str, Any]], heading: str) -> None:
+    text = (report[0] / "benchmarks.md").read_text()
+    assert heading in text
+    after = text.split(heading, 1)[1]
+    assert after.lstrip().split("\n## ")[0].count("\n|") >= 2, f"{heading} has no table rows"
+
+
+@pytest.mark.parametrize(
+    ("server", "protocol"),
+    [
+        ("normserve", "/normalize JSON"),
+        ("normserve", "V2 JSON"),
+        ("normserve", "V2 binary"),
+        ("naive", "/normalize JSON"),
+    ],
+)
+def test_every_http_cell_answered_without_errors(
+    report: tuple[Path, dict[str, Any]], server: str, protocol: str
+) -> None:
+    cells = [r for r in report[1]["http"] if (r["server"], r["protocol"]) == (server, protocol)]
+    assert len(cells) == 4  # 2 shapes x 2 concurrencies
+    assert all(c["errors"] == 0 and c["requests"] > 0 for c in cells)
+
+
+def test_batching_and_memory_sections_measured_both_settings(report: tuple[Path, dict[str, Any]]) -> None:
+    results = report[1]
+    assert {(r["batching"], r["concurrency"]) for r in results["batching"]} == {
+        ("off", 1),
+        ("off", 4),
+        ("on", 1),
+        ("on", 4),
+    }
+    assert all(r["errors"] == 0 for r in results["batching"])
+    assert [r["protocol"] for r in results["memory"]] == ["/normalize JSON", "V2 binary"]
+    assert all(r["peak_rss_bytes"] >= r["idle_rss_bytes"] > 0 for r in results["memory"])
+
+
+@pytest.mark.parametrize("argv", [["--sections", "floor,nonsense"]])
+def test_an_unknown_section_is_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        suite.main([*argv, "--quick", "--no-kserve"])
+    assert e.value.code == 2
+    assert "nonsense" in capsys.readouterr().err
+
+
+def test_the_report_renders_again_from_its_json(report: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    out = report[0]
+    assert suite.main(["--render", str(out / "benchmarks.json"), "--out-dir", str(tmp_path)]) == 0
+    assert (tmp_path / "benchmarks.md").read_text() == (out / "benchmarks.md").read_text()
+    assert (tmp_path / "benchmarks.png").stat().st_size > 1000

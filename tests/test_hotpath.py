@@ -1,0 +1,98 @@
+"""The hot path's shortcuts keep their answers: row chunks, streamed binary answers, DirectRoute's binding."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+from fastapi import APIRouter, FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+
+from app import dataplane, reference
+from app.api.direct import DirectRoute
+from app.api.v2 import STREAM_BYTES
+
+
+@pytest.mark.parametrize(
+    ("shape", "k", "eps_mode"),
+    [((3, 700, 512), 1, "var"), ((5000, 70), 1, "std"), ((40, 64, 128), 2, "var")],
+    ids=["rows-of-512", "short-rows", "k2"],
+)
+def test_an_input_larger_than_a_chunk_matches_the_reference(
+    runtime: Any, shape: tuple[int, ...], k: int, eps_mode: str
+) -> None:
+    assert np.prod(shape) > dataplane.CHUNK_ELEMENTS  # several runs of the graph
+    x = (100 + np.random.default_rng(5).standard_normal(shape) * 3).astype(np.float32)
+    gamma = np.linspace(0.5, 2, int(np.prod(shape[-k:])), dtype=np.float32).reshape(shape[-k:])
+    out = dataplane.normalize(runtime, dataplane.NormalizeInput(x, k, 1e-5, eps_mode, gamma, -gamma))
+    ref = reference.layer_norm(x, k, 1e-5, eps_mode, gamma, -gamma)
+    assert out.output.shape == shape and out.mean.shape == shape[:-k]
+    np.testing.assert_allclose(out.output, ref.output, rtol=0, atol=2e-5)
+    np.testing.assert_allclose(out.mean, ref.mean, rtol=1e-9)
+    np.testing.assert_allclose(out.var, ref.var, rtol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [600, 2])
+def test_binary_answers_large_or_small_carry_their_length_and_the_right_bytes(server: str, rows: int) -> None:
+    x = np.random.default_rng(rows).standard_normal((rows, 1024)).astype(np.float32)
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": "output", "parameters": {"binary_data": True}}, {"name": "mean"}],
+        }
+    )
+    r = httpx.post(
+        server + "/v2/models/layernorm/infer",
+        content=header + x.tobytes(),
+        headers={"Inference-Header-Content-Length": str(len(header)), "Accept-Encoding": "identity"},
+        timeout=60,
+    )
+    assert r.status_code == 200
+    assert (rows * 1024 * 4 > STREAM_BYTES) == (rows == 600)  # one streamed answer, one in one piece
+    assert int(r.headers["content-length"]) == len(r.content) and "transfer-encoding" not in r.headers
+    n = int(r.headers["inference-header-content-length"])
+    head = orjson.loads(r.content[:n])
+    assert [o["name"] for o in head["outputs"]] == ["output", "mean"]
+    out = np.frombuffer(r.content[n:], np.float32).reshape(x.shape)
+    np.testing.assert_allclose(out, reference.layer_norm(x, 1).output, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(head["outputs"][1]["data"], reference.layer_norm(x, 1).mean, rtol=1e-6)
+
+
+async def _needs_a_query(request: Request, q: int) -> Response:
+    return Response(str(q))
+
+
+async def _fine(name: str, request: Request) -> Response:
+    return Response(f"{name} {request.method}")
+
+
+def test_direct_route_refuses_a_parameter_it_cannot_fill_when_the_route_is_made() -> None:
+    router = APIRouter(route_class=DirectRoute)
+    with pytest.raises(TypeError, match="cannot fill parameter 'q'"):
+        router.add_api_route("/x", _needs_a_query, methods=["GET"])
+
+
+def test_direct_route_passes_path_parameters_and_the_request() -> None:
+    router = APIRouter(route_class=DirectRoute)
+    router.add_api_route("/things/{name}", _fine, methods=["POST"])
+    app = FastAPI()
+    app.include_router(router)
+
+    async def post() -> str:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            return (await client.post("/things/abc")).text
+
+    assert asyncio.run(post()) == "abc POST"
+    assert "/things/{name}" in app.openapi()["paths"]  # still a FastAPI route: documented

@@ -1,0 +1,101 @@
+"""The simdjson fast path: the same arrays as orjson + NumPy, and a fallback for everything it is unsure of."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from app import jsontensors
+from app.codecs import decode_json_tensor
+
+
+def _data(path: tuple[str | int, ...]) -> bool:
+    return path == ("data",)
+
+
+def _v2(path: tuple[str | int, ...]) -> bool:
+    return len(path) == 3 and path[0] == "inputs" and path[2] == "data"
+
+
+def _slow(value: Any) -> np.ndarray:
+    return decode_json_tensor(value, "data", max_elements=10**8, max_depth=32)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[1, 2, 3]",
+        "[[0.2, 0.1, 0.3], [0.5, 0.1, 0.1]]",
+        "[[[1e-45, -0.0, 3.4028234e38]], [[-3.4028234e38, 1.17549435e-38, 0.1]]]",
+        "[[9007199254740993, -9223372036854775808, 18446744073709551615]]",
+        "[0.30000000000000004, 1.0000001192092896, 16777217, 1e-320]",
+        "[[1E5, 2e-3, -4.5E+2]]",
+    ],
+    ids=["ints", "seed003", "float32-extremes", "big-ints", "rounding", "exponents"],
+)
+def test_fast_path_gives_the_same_float32_array_as_orjson(text: str) -> None:
+    body = f'{{"data": {text}, "eps": 1e-5}}'.encode()
+    fast = jsontensors.loads(body, _data)
+    assert fast is not None and isinstance(fast["data"], np.ndarray)
+    assert fast["eps"] == 1e-5
+    got, want = _slow(fast["data"]), _slow(orjson.loads(body)["data"])
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_tensors_round_trip_exactly(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(d) for d in rng.integers(1, 7, size=int(rng.integers(1, 5))))
+    x = (rng.standard_normal(shape) * 10.0 ** rng.integers(-30, 30)).astype(np.float32)
+    body = orjson.dumps({"data": x, "normalized_shape": [shape[-1]]}, option=orjson.OPT_SERIALIZE_NUMPY)
+    fast = jsontensors.loads(body, _data)
+    assert fast is not None and fast["normalized_shape"] == [shape[-1]]
+    np.testing.assert_array_equal(_slow(fast["data"]), x)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"data": [[1, [2]], [3, 4]]}',  # an extra level that flattens to the same count
+        b'{"data": [1, 2], "data": [3, 4]}',  # duplicate keys: orjson's rule decides
+        b'{"data": [1e400]}',  # out of double range
+        b'{"data": [NaN]}',  # not JSON
+        b'{"data": [01]}',  # not JSON
+        b'{"data": [1, 2]',  # truncated
+    ],
+    ids=["hidden-level", "duplicate-key", "overflow", "nan-token", "leading-zero", "truncated"],
+)
+def test_unsure_bodies_fall_back_to_orjson(body: bytes) -> None:
+    assert jsontensors.loads(body, _data) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"data": [[1, 2], [3, 4, 5]]}', [[1, 2], [3, 4, 5]]),  # ragged: the codec names the row
+        (b'{"data": [[true, 2]]}', [[True, 2]]),  # booleans: the codec refuses them
+        (b'{"data": [[1, "2"]]}', [[1, "2"]]),
+        (b'{"data": [[]]}', [[]]),
+    ],
+    ids=["ragged", "boolean", "string", "empty"],
+)
+def test_arrays_that_are_not_rectangular_numbers_stay_lists_for_the_codec(body: bytes, expected: Any) -> None:
+    doc = jsontensors.loads(body, _data)
+    assert doc == {"data": expected}
+
+
+def test_strings_holding_brackets_do_not_confuse_the_shape_check() -> None:
+    body = json.dumps({"id": "[[[", "inputs": [{"name": "x]", "shape": [2, 2], "data": [[1, 2], [3, 4]]}]}).encode()
+    doc = jsontensors.loads(memoryview(bytearray(body)), _v2)
+    assert doc is not None and doc["id"] == "[[[" and doc["inputs"][0]["shape"] == [2, 2]
+    np.testing.assert_array_equal(doc["inputs"][0]["data"], [[1, 2], [3, 4]])
+
+
+def test_only_tensor_paths_become_arrays() -> None:
+    doc = jsontensors.loads(b'{"data": [1, 2], "gamma": [3, 4]}', _data)
+    assert doc is not None and isinstance(doc["data"], np.ndarray) and doc["gamma"] == [3, 4]

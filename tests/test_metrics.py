@@ -1,0 +1,213 @@
+"""GET /metrics: exact counts after known requests, route templates as labels, model gauges, several workers."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from live_server import MODELS, ROOT
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+from prometheus_client.parser import text_string_to_metric_families
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+MODEL_NAMES = ["encoder", "encoder-preln", "layernorm"]
+V2_INFER = {"inputs": [{"name": "input", "shape": [2, 3], "datatype": "FP32", "data": [0.2, 0.1, 0.3, 0.5, 0.1, 0.1]}]}
+
+
+def parse(text: str) -> Samples:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def scrape(client: httpx.Client) -> Samples:
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return parse(r.text)
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    return value(after, name, **labels) - value(before, name, **labels)
+
+
+def test_known_requests_show_as_exact_counts_per_route_and_status(client: httpx.Client) -> None:
+    before = scrape(client)
+    for rows in (2, 3, 4):  # 9 rows in all
+        assert client.post("/normalize", json={"data": [[0.5, 1.0, 2.0]] * rows}).status_code == 200
+    assert client.post("/normalize", json={"data": [[0.2, 0.1, 0.3], [0.5, 0.1]]}).status_code == 422
+    assert client.post("/normalize", json={"data": [[0.2, 0.1]], "eps": -1}).status_code == 422
+    assert client.post("/v2/models/layernorm/infer", json=V2_INFER).status_code == 200  # 2 rows
+    after = scrape(client)
+
+    expected = [("/normalize", "200", 3), ("/normalize", "422", 2), ("/v2/models/{name}/infer", "200", 1)]
+    for route, status, n in expected:
+        labels = {"method": "POST", "route": route, "status": status}
+        assert delta(before, after, "normserve_http_requests_total", **labels) == n
+        assert delta(before, after, "normserve_http_request_duration_seconds_count", **labels) == n
+        assert delta(before, after, "normserve_http_request_duration_seconds_bucket", le="+Inf", **labels) == n
+        assert delta(before, after, "normserve_http_request_duration_seconds_sum", **labels) > 0
+    # The invalid requests never reach onnxruntime: 3 + 1 runs of 2 + 3 + 4 + 2 rows.
+    assert delta(before, after, "normserve_inference_duration_seconds_count", model="layernorm") == 4
+    assert delta(before, after, "normserve_inference_batch_size_count", model="layernorm") == 4
+    assert delta(before, after, "normserve_inference_batch_size_sum", model="layernorm") == 11
+    assert delta(before, after, "normserve_inference_batch_size_bucket", model="layernorm", le="4.0") == 4
+    assert value(after, "normserve_inference_requests_in_flight") == 0
+
+
+@pytest.mark.parametrize("model", MODEL_NAMES)
+def test_model_load_time_and_warm_up_parity_are_gauges(client: httpx.Client, model: str) -> None:
+    samples = scrape(client)
+    assert value(samples, "normserve_model_load_seconds", model=model) > 0
+    assert 0 <= value(samples, "normserve_model_parity_max_abs_diff", model=model) < 1e-4
+    assert ("normserve_model_parity_max_abs_diff", (("model", model),)) in samples
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "route", "status"),
+    [
+        ("GET", "/v2/models/encoder", "/v2/models/{name}", "200"),
+        ("GET", "/v2/models/no-such-model-7f3a", "/v2/models/{name}", "404"),
+        ("GET", "/v2/models/layernorm/versions/1/ready", "/v2/models/{name}/versions/{version}/ready", "200"),
+        ("DELETE", "/normalize", "/normalize", "405"),
+        ("GET", "/no/such/path/7f3a", "unmatched", "404"),
+    ],
+)
+def test_routes_are_labelled_by_template_never_by_raw_path(
+    client: httpx.Client, method: str, path: str, route: str, status: str
+) -> None:
+    before = scrape(client)
+    assert client.request(method, path).status_code == int(status)
+    after = scrape(client)
+    labels = {"method": method, "route": route, "status": status}
+    assert delta(before, after, "normserve_http_requests_total", **labels) == 1
+    if path != route:
+        assert not [key for key in after if any(v == path for _, v in key[1])], "a raw path became a label value"
+
+
+# ---- several workers: prometheus-client's multiprocess mode -----------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pids_with(directory: Path, kind: str) -> set[int]:
+    return {int(m.group(1)) for f in directory.iterdir() if (m := re.fullmatch(rf"{kind}_(\d+)\.db", f.name))}
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, subprocess.Popen[bytes]]]:
+    """`normserve serve --workers 2` on a free loopback port; TMPDIR shows where its metrics directory goes."""
+    tmp = tmp_path_factory.mktemp("workers")
+    port = _free_port()
+    env = {**os.environ, "NORMSERVE_HOST": "127.0.0.1", "NORMSERVE_PORT": str(port), "NORMSERVE_MODEL_DIR": str(MODELS)}
+    env.update(NORMSERVE_LOG_LEVEL="warning", TMPDIR=str(tmp))
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    cli = Path(sys.executable).parent / "normserve"
+    proc = subprocess.Popen([str(cli), "serve", "--workers", "2"], cwd=ROOT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "normserve serve exited"
+            try:
+                if httpx.get(base + "/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        yield base, tmp, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_metrics_total_every_worker_whichever_answers(two_workers: tuple[str, Path, subprocess.Popen[bytes]]) -> None:
+    base, tmp, _ = two_workers
+    (directory,) = tmp.glob("normserve-metrics-*")
+    sent, deadline = 0, time.monotonic() + 30
+    # A new connection per request lets either worker accept it; go on until both are up and have answered.
+    while sent < 20 or len(_pids_with(directory, "counter")) < 2 or len(_pids_with(directory, "gauge_livemax")) < 2:
+        assert time.monotonic() < deadline and sent < 500, "one worker answered every request"
+        r = httpx.post(base + "/normalize", json={"data": [[1.0, 2.0, 4.0]]}, headers={"Connection": "close"})
+        assert r.status_code in (200, 503)  # 503: the other worker may still be warming up
+        sent += 1
+    for _ in range(4):  # each scrape may land on either worker: every one reports the same totals
+        with httpx.Client(base_url=base, headers={"Connection": "close"}) as c:
+            samples = scrape(c)
+        answered = sum(
+            v
+            for (name, labels), v in samples.items()
+            if name == "normserve_http_requests_total" and ("route", "/normalize") in labels
+        )
+        assert answered == sent
+        assert value(samples, "normserve_inference_requests_in_flight") == 0
+        assert all(value(samples, "normserve_model_load_seconds", model=m) > 0 for m in MODEL_NAMES)
+
+
+def test_serve_removes_its_metrics_directory_when_it_stops(
+    two_workers: tuple[str, Path, subprocess.Popen[bytes]],
+) -> None:
+    _, tmp, proc = two_workers
+    assert list(tmp.glob("normserve-metrics-*"))
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+    assert not list(tmp.glob("normserve-metrics-*"))
+
+
+# ---- dead workers' live gauges ---------------------------------------------------------------
+
+_WORKER = """
+import sys
+import app.metrics as m
+m.IN_FLIGHT.inc()
+m.observe_request("GET", "/x", 200, 0.01)
+print("ready", flush=True)
+sys.stdin.read() if sys.argv[1] == "alive" else None
+import os; os._exit(0)  # no clean-up: as if killed
+"""
+
+
+@pytest.mark.parametrize(("state", "gauge_kept"), [("dead", False), ("alive", True)])
+def test_reaping_drops_only_dead_workers_live_gauges_and_keeps_their_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str, gauge_kept: bool
+) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    cmd = [sys.executable, "-c", _WORKER, state]
+    worker = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert worker.stdout is not None and worker.stdout.readline() == b"ready\n"
+        if state == "dead":
+            worker.wait(timeout=30)
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+        from app import metrics
+
+        assert metrics.reap_dead_workers() == ([] if gauge_kept else [worker.pid])
+        assert (tmp_path / f"gauge_livesum_{worker.pid}.db").exists() == gauge_kept
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, str(tmp_path))  # type: ignore[no-untyped-call]
+        samples = parse(generate_latest(registry).decode())
+        assert value(samples, "normserve_http_requests_total", method="GET", route="/x", status="200") == 1
+        assert value(samples, "normserve_inference_requests_in_flight") == (1 if gauge_kept else 0)
+    finally:
+        worker.communicate(b"", timeout=30)  # ends the live one (stdin closes) and closes the pipes
