@@ -164,7 +164,8 @@ def test_sigkill_of_one_replica_under_load_loses_no_request(tmp_path: Path, runt
 def test_shipped_nginx_config_is_valid(tmp_path: Path) -> None:
     # As docker compose mounts it, with the container's paths and the service's name mapped onto this machine.
     text = (DEPLOY / "nginx.conf").read_text()
-    text = text.replace("/etc/nginx/normserve/proxy.conf", str(DEPLOY / "proxy.conf")).replace("/tmp/", f"{tmp_path}/")
+    # /tmp/ first: the checkout itself may live under /tmp (a CI clone), and its path must stay intact.
+    text = text.replace("/tmp/", f"{tmp_path}/").replace("/etc/nginx/normserve/proxy.conf", str(DEPLOY / "proxy.conf"))
     text = text.replace("server normserve:8000", "server 127.0.0.1:8000")
     conf = tmp_path / "nginx.conf"
     conf.write_text(text)
