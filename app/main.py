@@ -10,16 +10,21 @@ from contextlib import asynccontextmanager
 import anyio.to_thread
 from fastapi import FastAPI
 
-from app import __version__, dataplane, logs, metrics
-from app.admission import Admission
-from app.api import handlers, health, playground, rest, v2
-from app.api import metrics as metrics_api
-from app.api.deps import State
-from app.lifecycle import Drain
-from app.observability import ObservabilityMiddleware
-from app.runtime import ModelLoadError, Runtime
+from app import __version__
+from app.core import dataplane
+from app.core.runtime import ModelLoadError, Runtime
+from app.server import logs, metrics
+from app.server.admission import Admission
+from app.server.api import errors as handlers
+from app.server.api import health, playground
+from app.server.api import metrics as metrics_api
+from app.server.api.rest import routes as rest
+from app.server.api.v2 import routes as v2
+from app.server.drain import Drain
+from app.server.observability import ObservabilityMiddleware
+from app.server.statistics import Stats
+from app.server.worker import State
 from app.settings import Settings
-from app.stats import Stats
 
 log = logging.getLogger("normserve")
 

@@ -15,11 +15,12 @@ import numpy as np
 import onnxruntime as ort
 import orjson
 
-from app import dataplane, reference
-from app.api import v2_models, v2_schemas
-from app.api.rest_schemas import parse_normalize
-from app.codecs import dumps, encode_json_tensor
-from app.runtime import Runtime
+from app.core import dataplane, reference
+from app.core import v2spec as v2_models
+from app.core.runtime import Runtime
+from app.core.tensors import dumps, encode_json_tensor
+from app.server.api.rest.codec import parse_normalize
+from app.server.api.v2 import codec as v2_schemas
 from app.settings import Settings
 
 TORCH = "torch.nn.functional.layer_norm"

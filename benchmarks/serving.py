@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import orjson
 
-from app import reference
+from app.core import reference
 from benchmarks import servers
 from benchmarks.inprocess import binary_request, sample
 from benchmarks.load import Request, check, load

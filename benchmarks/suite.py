@@ -72,7 +72,7 @@ def full(out_dir: Path, peers: list[str]) -> Config:
 
 def run(cfg: Config) -> dict[str, Any]:
     """Measure every section of cfg in order and write the report; returns the results."""
-    from app.runtime import Runtime
+    from app.core.runtime import Runtime
     from app.settings import Settings
 
     started = time.time()

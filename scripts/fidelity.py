@@ -17,9 +17,9 @@ import numpy as np
 # Run as a file (python scripts/fidelity.py) the repository root is not on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app import dataplane, reference
-from app.conditioning import REFINE_TOL, condition_rows, refine_rows
-from app.runtime import Model, Runtime
+from app.core import dataplane, reference
+from app.core.conditioning import REFINE_TOL, condition_rows, refine_rows
+from app.core.runtime import Model, Runtime
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from app import reference
-from app.runtime import Runtime
+from app.core import reference
+from app.core.runtime import Runtime
 
 JSON = {"Content-Type": "application/json"}
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -6,8 +6,8 @@ import httpx
 import numpy as np
 import pytest
 
-from app import reference
-from app.runtime import Runtime
+from app.core import reference
+from app.core.runtime import Runtime
 
 
 @pytest.mark.parametrize("model", ["encoder", "encoder-preln"])

@@ -11,7 +11,7 @@ import pytest
 from golden import GOLDEN
 from live_server import MODELS
 
-from app import reference
+from app.core import reference
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "numpy"])

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from live_server import live_server
 
-from app import reference
-from app.batching import Batcher
+from app.core import reference
+from app.core.batching import Batcher
 
 BATCH_ENV = {"NORMSERVE_BATCH_MAX_SIZE": "8", "NORMSERVE_BATCH_DELAY_US": "2000"}
 SAME_AS_UNBATCHED = 1e-6  # the same kernels on the same rows; only a different blocking could change a bit

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.codecs import decode_binary, decode_json_tensor, encode_binary, encode_json_tensor, loads
+from app.core.tensors import decode_binary, decode_json_tensor, encode_binary, encode_json_tensor, loads
 from app.errors import InvalidInput, MalformedBody
 
 

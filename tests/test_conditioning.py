@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app import reference
-from app.conditioning import REFINE_TOL, condition_rows, refine_rows
+from app.core import reference
+from app.core.conditioning import REFINE_TOL, condition_rows, refine_rows
 
 F32_MAX = float(np.finfo(np.float32).max)
 RNG = np.random.default_rng(3)

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import app
+from app.core.reference import EncoderConfig, layer_norm_names
 from app.export.exporter import ParityError, export_models, main
-from app.export.models import CheckpointError, encoder_output_names, seeded_encoder
-from app.reference import EncoderConfig, layer_norm_names
+from app.export.modules import CheckpointError, encoder_output_names, seeded_encoder
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = EncoderConfig(d_model=16, num_heads=2, d_ff=32, num_layers=1, max_sequence_length=32)

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from golden import GOLDEN
 from torch import nn
 
-from app import reference
-from app.export.models import Encoder, EncoderLayer, LayerNorm, RowLayerNorm, seeded_encoder
-from app.reference import EncoderConfig
+from app.core import reference
+from app.core.reference import EncoderConfig
+from app.export.modules import Encoder, EncoderLayer, LayerNorm, RowLayerNorm, seeded_encoder
 
 SMALL = EncoderConfig(d_model=16, num_heads=4, d_ff=32, num_layers=2, max_sequence_length=32)
 

@@ -20,7 +20,7 @@ import pytest
 from live_server import ROOT, server_process
 from loadgen import Tally, mixed_cases, run_load
 
-from app.runtime import Runtime
+from app.core.runtime import Runtime
 
 NGINX = Path("/usr/sbin/nginx")
 DEPLOY = ROOT / "deploy" / "nginx"

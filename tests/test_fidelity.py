@@ -29,8 +29,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from live_server import ROOT
 
-from app import reference
-from app.codecs import FLOAT32_MAX
+from app.core import reference
+from app.core.tensors import FLOAT32_MAX
 
 
 def _load_script() -> Any:

@@ -16,8 +16,8 @@ import httpx
 import numpy as np
 import pytest
 
-from app import reference
-from app.runtime import Runtime
+from app.core import reference
+from app.core.runtime import Runtime
 
 ENDPOINTS = ["/normalize", "/encode", "/v2/models/layernorm/infer", "/v2/models/encoder/infer"]
 D = 128  # d_model of the default export

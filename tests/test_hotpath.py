@@ -13,9 +13,9 @@ from fastapi import APIRouter, FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app import dataplane, reference
-from app.api.direct import DirectRoute
-from app.api.v2 import STREAM_BYTES
+from app.core import dataplane, reference
+from app.server.api.direct import DirectRoute
+from app.server.api.v2.routes import STREAM_BYTES
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import numpy as np
 import orjson
 import pytest
 
-from app import jsontensors
-from app.codecs import decode_json_tensor
+from app.core import jsontensors
+from app.core.tensors import decode_json_tensor
 
 
 def _data(path: tuple[str | int, ...]) -> bool:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from live_server import live_server
 
-from app.api.handlers import printable
+from app.server.api.errors import printable
 
 LN_V2 = "/v2/models/layernorm/infer"
 ENC_V2 = "/v2/models/encoder/infer"

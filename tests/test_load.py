@@ -11,7 +11,7 @@ import pytest
 from live_server import server_process
 from loadgen import Tally, mixed_cases, run_load
 
-from app.runtime import Runtime
+from app.core.runtime import Runtime
 
 SECONDS = 60.0
 CONCURRENCY = 32

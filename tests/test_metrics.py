@@ -179,7 +179,7 @@ def test_serve_removes_its_metrics_directory_when_it_stops(
 
 _WORKER = """
 import sys
-import app.metrics as m
+import app.server.metrics as m
 m.IN_FLIGHT.inc()
 m.observe_request("GET", "/x", 200, 0.01)
 print("ready", flush=True)
@@ -200,7 +200,7 @@ def test_reaping_drops_only_dead_workers_live_gauges_and_keeps_their_counts(
         if state == "dead":
             worker.wait(timeout=30)
         monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
-        from app import metrics
+        from app.server import metrics
 
         assert metrics.reap_dead_workers() == ([] if gauge_kept else [worker.pid])
         assert (tmp_path / f"gauge_livesum_{worker.pid}.db").exists() == gauge_kept

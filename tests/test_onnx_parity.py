@@ -11,8 +11,8 @@ import onnxruntime as ort
 import pytest
 from live_server import MODELS
 
-from app import reference
-from app.reference import EncoderConfig
+from app.core import reference
+from app.core.reference import EncoderConfig
 
 LAYERNORM_ATOL = 1e-5  # float32 kernel vs float64 math on unit-scale data
 ENCODER_ATOL = 1e-4

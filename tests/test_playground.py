@@ -14,7 +14,7 @@ import pytest
 from live_server import ROOT
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from app.reference import EncoderConfig, layer_norm_names
+from app.core.reference import EncoderConfig, layer_norm_names
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's package (scripts/system-deps.sh); never a browser download
 # Without the background-networking switches Chromium keeps calling Google's services, which this network lacks.

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from app import dataplane, reference
-from app.dataplane import NormalizeInput
+from app.core import dataplane, reference
+from app.core.dataplane import NormalizeInput
+from app.core.runtime import Runtime
 from app.errors import InvalidInput
-from app.runtime import Runtime
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 SERVICE_ATOL = 1e-5  # spec section 1: the service matches the float64 math to 1e-5 (times |gamma|)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from golden import GOLDEN
 
-from app import reference
+from app.core import reference
 
 
 @pytest.mark.parametrize(("fields", "expected", "stats"), GOLDEN)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from app.stats import STAGES, InferTimer, Stats
+from app.server.statistics import STAGES, InferTimer, Stats
 
 
 def _timed() -> InferTimer:

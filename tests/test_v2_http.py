@@ -19,7 +19,7 @@ import pytest
 from golden import SEED003_X
 from live_server import MODELS, live_server
 
-from app.runtime import Runtime
+from app.core.runtime import Runtime
 
 LN = "/v2/models/layernorm/infer"
 ENC = "/v2/models/encoder/infer"

@@ -10,8 +10,9 @@ import pytest
 import tritonclient.http as th
 from golden import SEED003_X, SEED003_Y
 
-from app import __version__, reference
-from app.runtime import Runtime
+from app import __version__
+from app.core import reference
+from app.core.runtime import Runtime
 
 LN_OUTPUTS = ["output", "mean", "inv_std_dev"]
 ENCODERS = ["encoder", "encoder-preln"]

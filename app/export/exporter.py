@@ -26,8 +26,9 @@ import torch
 from torch import nn
 
 import app
+from app.core.reference import EncoderConfig, layer_norm_names
 from app.export import parity
-from app.export.models import (
+from app.export.modules import (
     LAYERNORM_INPUTS,
     LAYERNORM_OUTPUTS,
     CheckpointError,
@@ -38,7 +39,6 @@ from app.export.models import (
     load_checkpoint,
     seeded_encoder,
 )
-from app.reference import EncoderConfig, layer_norm_names
 
 FORMAT_VERSION = 1
 MIN_OPSET = 18

@@ -10,8 +10,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from app.export.models import Encoder, RowLayerNorm
-from app.reference import encoder, layer_norm
+from app.core.reference import encoder, layer_norm
+from app.export.modules import Encoder, RowLayerNorm
 
 PARITY_SEED = 20240613  # fixed, and separate from the weight seed, so figures compare across exports
 LAYERNORM_DESCRIPTION = (

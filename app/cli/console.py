@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from app.validate import Check
+    from app.cli.validate import Check
 
 stderr = Console(stderr=True, highlight=False)
 stdout = Console(highlight=False)

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from app import dataplane
+from app.core import dataplane
+from app.core.runtime import Model, Runtime
 from app.errors import InvalidInput
-from app.runtime import Model, Runtime
 
 FLOAT = ("FP32", "FP64")  # accepted for float inputs; FP64 is converted once to float32
 PLATFORM = "onnxruntime_onnx"

@@ -14,10 +14,10 @@ import numpy as np
 import onnxruntime as ort
 import orjson
 
-from app import metrics, observability
-from app.batching import Batcher
+from app.core.batching import Batcher
+from app.core.reference import EncoderConfig
 from app.errors import ModelNotFound
-from app.reference import EncoderConfig
+from app.server import metrics, observability
 from app.settings import Settings
 
 log = logging.getLogger("normserve.runtime")

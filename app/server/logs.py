@@ -48,7 +48,7 @@ def uvicorn_log_config(level: str) -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"json": {"()": "app.logs.JsonFormatter"}},
+        "formatters": {"json": {"()": "app.server.logs.JsonFormatter"}},
         "handlers": {"stderr": handler},
         "loggers": {
             "uvicorn": {"handlers": ["stderr"], "level": _level(level), "propagate": False},

@@ -11,9 +11,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app import observability
-from app.codecs import dumps
+from app.core.tensors import dumps
 from app.errors import RETRY_AFTER_S, NormserveError, status_for
+from app.server import observability
 
 log = logging.getLogger("normserve.errors")
 MESSAGE_LIMIT = 1000  # characters of an error message; longer ones (a huge field name echoed) are cut

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import logs, metrics
+from app.server import logs, metrics
 
 HEADER = "X-Request-ID"
 _HEADER_KEY = b"x-request-id"

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from app.reference import MASKED_SCORE, EncoderConfig, layer_norm_names, positional_encoding
+from app.core.reference import MASKED_SCORE, EncoderConfig, layer_norm_names, positional_encoding
 
 Stats = list[tuple[Tensor, Tensor]]  # (mean (B,T), std (B,T)) of each LayerNorm's input, in execution order
 

@@ -10,13 +10,13 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app import dataplane
-from app.api import docs
-from app.api.body import read_body, require_json
-from app.api.deps import INLINE_BODY_BYTES, State, StateDep, run_inference
-from app.api.direct import DirectRoute
-from app.api.rest_schemas import parse_encode, parse_normalize
-from app.codecs import dumps, encode_json_tensor
+from app.core import dataplane
+from app.core.tensors import dumps, encode_json_tensor
+from app.server.api import openapi as docs
+from app.server.api.body import read_body, require_json
+from app.server.api.direct import DirectRoute
+from app.server.api.rest.codec import parse_encode, parse_normalize
+from app.server.worker import INLINE_BODY_BYTES, State, StateDep, run_inference
 
 router = APIRouter(tags=["normalization"], route_class=DirectRoute)  # no per-request dependency solving
 

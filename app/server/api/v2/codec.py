@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from app import jsontensors
-from app.api.v2_models import TensorSpec, V2Model
-from app.codecs import (
+from app.core import jsontensors
+from app.core.jsonkeys import check_unique_keys
+from app.core.tensors import (
     DATATYPE_OF,
     DATATYPES,
     binary_view,
@@ -27,8 +27,8 @@ from app.codecs import (
     loads,
     to_finite_float,
 )
+from app.core.v2spec import TensorSpec, V2Model
 from app.errors import InvalidInput, MalformedBody
-from app.jsonkeys import check_unique_keys
 from app.settings import Settings
 
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -14,14 +14,16 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from app import __version__
-from app.api import docs, v2_models, v2_schemas
-from app.api.body import read_body
-from app.api.deps import INLINE_BODY_BYTES, State, StateDep, run_inference
-from app.api.direct import DirectRoute
-from app.api.handlers import json_response
+from app.core import v2spec as v2_models
+from app.core.runtime import Model
 from app.errors import RETRY_AFTER_S, ModelNotFound, NotReady
-from app.runtime import Model
-from app.stats import InferTimer, Stats
+from app.server.api import openapi as docs
+from app.server.api.body import read_body
+from app.server.api.direct import DirectRoute
+from app.server.api.errors import json_response
+from app.server.api.v2 import codec as v2_schemas
+from app.server.statistics import InferTimer, Stats
+from app.server.worker import INLINE_BODY_BYTES, State, StateDep, run_inference
 
 router = APIRouter(tags=["v2"], route_class=DirectRoute, responses=docs.V2_ERRORS)  # no per-request dependency solving
 

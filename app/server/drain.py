@@ -20,7 +20,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from app.admission import Admission
+from app.server.admission import Admission
 
 log = logging.getLogger("normserve.lifecycle")
 

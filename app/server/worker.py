@@ -11,10 +11,10 @@ import anyio
 from fastapi import Depends
 from starlette.requests import Request
 
-from app import metrics
-from app.admission import Admission
+from app.core.runtime import Runtime
 from app.errors import NotReady, Timeout
-from app.runtime import Runtime
+from app.server import metrics
+from app.server.admission import Admission
 from app.settings import Settings
 
 T = TypeVar("T")

@@ -7,11 +7,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from app import jsontensors
-from app.codecs import decode_json_tensor, loads
-from app.dataplane import EncodeInput, NormalizeInput
+from app.core import jsontensors
+from app.core.dataplane import EncodeInput, NormalizeInput
+from app.core.jsonkeys import check_unique_keys
+from app.core.tensors import decode_json_tensor, loads
 from app.errors import InvalidInput
-from app.jsonkeys import check_unique_keys
 from app.settings import Settings
 
 TENSOR_DOC = "A nested array of numbers (rank >= 1, rectangular); parsed straight into NumPy."

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from app import dataplane, reference
-from app.runtime import ModelLoadError, Runtime
+from app.core import dataplane, reference
+from app.core.runtime import ModelLoadError, Runtime
 from app.settings import Settings
 
 SEED = 20261122

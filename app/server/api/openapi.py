@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.api.rest_schemas import TENSOR_DOC, EncodeParams, NormalizeParams
+from app.server.api.rest.codec import TENSOR_DOC, EncodeParams, NormalizeParams
 
 _NESTED = {"type": "array", "items": {}, "description": TENSOR_DOC}
 _ERROR = {"content": {"application/json": {"schema": {"type": "object", "properties": {"error": {"type": "string"}}}}}}

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from app import reference
-from app.codecs import FLOAT32_MAX
-from app.conditioning import condition_rows, refine_rows
+from app.core import reference
+from app.core.conditioning import condition_rows, refine_rows
+from app.core.runtime import Model, ModelLoadError, Runtime
+from app.core.tensors import FLOAT32_MAX
 from app.errors import InvalidInput
-from app.runtime import Model, ModelLoadError, Runtime
 
 FLOAT32_ULP = 2.0**-23
 CHUNK_ELEMENTS = 1 << 18  # rows of a larger input run in chunks of about this many elements (1 MiB)

@@ -21,7 +21,7 @@ def _export(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    from app.console import Steps
+    from app.cli.console import Steps
 
     with Steps("export") as step:
         return export_main(argv, progress=step)
@@ -61,7 +61,7 @@ def _serve(argv: list[str]) -> int:
     os.environ["NORMSERVE_MODEL_DIR"] = str(args.model_dir.resolve())
     import uvicorn
 
-    from app import logs, metrics
+    from app.server import logs, metrics
 
     with metrics.multiprocess_dir_for(args.workers):  # before the workers start: they read it as they import
         uvicorn.run(
@@ -95,8 +95,8 @@ def _validate(argv: list[str]) -> int:
         "plus half a float32 ulp for layernorm, NORMSERVE_VALIDATE_ATOL for the encoders)",
     )
     args = p.parse_args(argv)
-    from app import console, validate
-    from app.runtime import ModelLoadError
+    from app.cli import console, validate
+    from app.core.runtime import ModelLoadError
 
     checks: list[validate.Check] = []
     try:
@@ -125,7 +125,7 @@ def _bench(argv: list[str]) -> int:
     """scripts/bench.py's main: the suite lives in the checkout (benchmarks/), not in the installed package."""
     import importlib.util
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
     spec = importlib.util.spec_from_file_location("normserve_bench", script)
     if not script.is_file() or spec is None or spec.loader is None:
         print(f"normserve bench: {script} not found; run it from a checkout of normserve", file=sys.stderr)

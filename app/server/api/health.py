@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from app.api.deps import StateDep
-from app.api.handlers import json_response
 from app.errors import RETRY_AFTER_S
+from app.server.api.errors import json_response
+from app.server.worker import StateDep
 
 router = APIRouter(tags=["health"])
 
