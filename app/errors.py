@@ -10,7 +10,7 @@
     ├── NotReady                         models not verified, or draining   503 + Retry-After
     └── Timeout (TimeoutError)           past request_timeout_s             504
 
-The one table mapping them to HTTP statuses is `status_for` below; app/api/handlers.py uses it.
+The one table mapping them to HTTP statuses is `status_for` below; app/server/api/errors.py uses it.
 """
 
 from __future__ import annotations

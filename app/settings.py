@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from pydantic import Field
@@ -38,8 +37,3 @@ class Settings(BaseSettings):
     batch_max_seq_len: int = Field(64, ge=1, description="Dynamic batching: longer sequences are never merged.")
     log_level: str = Field("info", description="Log level: debug, info, warning, error.")
     validate_atol: float = Field(1e-4, gt=0, description="Tolerance of `validate: true` for the encoders.")
-
-
-def cpu_count() -> int:
-    """Cores this process may use (the affinity mask, not the machine's total)."""
-    return len(os.sched_getaffinity(0))

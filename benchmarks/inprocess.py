@@ -9,18 +9,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import orjson
+from pydantic import TypeAdapter
 
-from app.core import dataplane, reference
-from app.core import v2spec as v2_models
+from app.core import reference
+from app.core.dataplane import NormalizeInput, NormalizeOutput
+from app.core.model import Model
 from app.core.runtime import Runtime
 from app.core.tensors import dumps, encode_json_tensor
-from app.server.api.rest.codec import parse_normalize
-from app.server.api.v2 import codec as v2_schemas
+from app.server.api.rest.codec import decode_normalize
+from app.server.api.v2 import codec as v2_codec
 from app.settings import Settings
 
 TORCH = "torch.nn.functional.layer_norm"
@@ -100,21 +103,23 @@ def floor(runtime: Runtime, shapes: list[tuple[int, ...]], budget_s: float) -> l
     rows: list[dict[str, Any]] = []
     for shape in shapes:
         x = sample(shape)
-        dst = np.empty_like(x)
-        feeds = plain_feeds(x)
-        cases: dict[str, Callable[[], object]] = {
-            "memory copy": lambda x=x, dst=dst: np.copyto(dst, x),
-            "NumPy reference (float64)": lambda x=x: reference.layer_norm(x, 1, 1e-5, "var"),
-            "onnxruntime, plain session call": lambda feeds=feeds: model.session.run(["output"], feeds),
-            "onnxruntime, our conditioned path": lambda x=x: dataplane.normalize(
-                runtime, dataplane.NormalizeInput(x, 1)
-            ),
-        }
-        for method, fn in cases.items():
+        for method, fn in _floor_cases(model, x).items():
             t = measure(fn, budget_s)
             rows.append({"shape": shape, "method": method, "bytes": x.nbytes, **_timing_row(t, x.nbytes)})
         rows += _torch_rows(x, budget_s)
     return rows
+
+
+def _floor_cases(model: Model, x: np.ndarray) -> dict[str, Callable[[], object]]:
+    sess = model.session
+    dst = np.empty_like(x)
+    feeds = plain_feeds(x)
+    return {
+        "memory copy": lambda: np.copyto(dst, x),
+        "NumPy reference (float64)": lambda: reference.layer_norm(x, 1, 1e-5, "var"),
+        "onnxruntime, plain session call": lambda: sess.run(["output"], feeds),
+        "onnxruntime, our conditioned path": lambda: model.infer(NormalizeInput(x, 1)),
+    }
 
 
 def threads(model_path: str, shapes: list[tuple[int, ...]], budget_s: float) -> list[dict[str, Any]]:
@@ -123,9 +128,9 @@ def threads(model_path: str, shapes: list[tuple[int, ...]], budget_s: float) -> 
     for n in (1, 2):
         sess = session(model_path, n)
         for shape in shapes:
-            feeds = plain_feeds(sample(shape))
-            alone = measure(lambda sess=sess, feeds=feeds: sess.run(["output"], feeds), budget_s)
-            pair = _two_callers(lambda sess=sess, feeds=feeds: sess.run(["output"], feeds), budget_s)
+            run = partial(sess.run, ["output"], plain_feeds(sample(shape)))
+            alone = measure(run, budget_s)
+            pair = _two_callers(run, budget_s)
             out.append({"threads": n, "shape": shape, **_timing_row(alone, 0), "two_callers_per_run_s": pair})
     return out
 
@@ -173,30 +178,12 @@ def codecs(
     runtime: Runtime, settings: Settings, shapes: list[tuple[int, ...]], budget_s: float
 ) -> list[dict[str, Any]]:
     """Section 2: request decode + response encode of the same tensor, three ways."""
-    from pydantic import TypeAdapter
-
     naive = TypeAdapter(list[list[list[float]]])
-    spec = v2_models.describe(runtime.get("layernorm"))
+    model = runtime.get("layernorm")
     rows = []
     for shape in shapes:
         x = sample(shape)
-        body = dumps({"data": x})
-        header, blob = binary_request(x)
-        cases: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
-            "ours, JSON (orjson into NumPy)": (
-                lambda body=body: parse_normalize(body, settings),
-                lambda x=x: dumps({"output": encode_json_tensor(x)}),
-            ),
-            "ours, V2 binary": (
-                lambda h=header, b=blob: v2_schemas.parse_infer(bytearray(h + b), str(len(h)), spec, settings),
-                lambda x=x: _v2_binary_response(spec, x),
-            ),
-            "naive: json + pydantic list[list[list[float]]]": (
-                lambda body=body: np.asarray(naive.validate_python(json.loads(body)["data"]), np.float32),
-                lambda x=x: json.dumps({"output": x.tolist()}),
-            ),
-        }
-        for method, (decode, encode) in cases.items():
+        for method, (decode, encode) in _codec_cases(x, settings, model, naive).items():
             # The naive path on the largest shape takes seconds a call: fewer runs there.
             d = measure(decode, budget_s, min_runs=1 if x.nbytes > 1 << 24 else 3)
             e = measure(encode, budget_s, min_runs=1 if x.nbytes > 1 << 24 else 3)
@@ -204,6 +191,28 @@ def codecs(
                 {"shape": shape, "method": method, "bytes": x.nbytes, "decode_s": d.median_s, "encode_s": e.median_s}
             )
     return rows
+
+
+def _codec_cases(
+    x: np.ndarray, settings: Settings, model: Model, naive: TypeAdapter[list[list[list[float]]]]
+) -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:
+    """Each way's (decode the request, encode the response) of the same tensor x."""
+    body = dumps({"data": x})
+    header, blob = binary_request(x)
+    return {
+        "ours, JSON (orjson into NumPy)": (
+            lambda: decode_normalize(body, settings),
+            lambda: dumps({"output": encode_json_tensor(x)}),
+        ),
+        "ours, V2 binary": (
+            lambda: v2_codec.decode(bytearray(header + blob), str(len(header)), model, settings),
+            lambda: _v2_binary_response(model, x),
+        ),
+        "naive: json + pydantic list[list[list[float]]]": (
+            lambda: np.asarray(naive.validate_python(json.loads(body)["data"]), np.float32),
+            lambda: json.dumps({"output": x.tolist()}),
+        ),
+    }
 
 
 def binary_request(x: np.ndarray) -> tuple[bytes, bytes]:
@@ -224,9 +233,11 @@ def binary_request(x: np.ndarray) -> tuple[bytes, bytes]:
     return header, x.tobytes()
 
 
-def _v2_binary_response(spec: v2_models.V2Model, x: np.ndarray) -> bytes:
-    req = v2_schemas.InferRequest(None, {}, "FP32", {}, [("output", True)])
-    return v2_schemas.build_response(spec, req, {"output": x}, None).body
+def _v2_binary_response(model: Model, x: np.ndarray) -> bytes:
+    req = v2_codec.InferRequest(None, None, "FP32", [("output", True)])
+    stats = np.zeros(x.shape[:-1])
+    out = NormalizeOutput(x, stats, stats, 1e-5, "var", "onnxruntime", model.info, None)
+    return v2_codec.encode(model, req, out, None).body
 
 
 def json_request_floor(runtime: Runtime, shape: tuple[int, ...], budget_s: float) -> dict[str, float]:

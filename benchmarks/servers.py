@@ -1,4 +1,8 @@
-"""The servers a benchmark run starts and stops itself, by PID, on 127.0.0.1: normserve and the two peers."""
+"""Server processes on 127.0.0.1, started and stopped by PID: the one helper of the benchmarks and of the tests.
+
+`server_process` starts any command (uvicorn from this venv or another, `normserve serve`, a peer), waits until a
+path answers 200 and stops that process alone on exit; `serve` starts normserve or one of the benchmark's peers.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,40 +22,137 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".bench"  # gitignored: the KServe venv and the servers' logs
 KSERVE_VENV = CACHE / "kserve-venv"
 KSERVE_PACKAGES = ["kserve", "onnxruntime", "numpy"]
+HOST = "127.0.0.1"
 READY_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 15.0
 
 
 @dataclass(frozen=True)
 class Server:
-    name: str
-    port: int
-    pid: int
+    """A running server: its base URL (http://127.0.0.1:PORT) and its process."""
+
+    base: str
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def port(self) -> int:
+        return int(self.base.rsplit(":", 1)[1])
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
 
 
 def free_port() -> int:
+    """A loopback port free right now, for a command that cannot take an --fd socket (a peer, `normserve serve`)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((HOST, 0))
         return int(s.getsockname()[1])
 
 
-def normserve_command(port: int) -> list[str]:
+def bound_socket() -> socket.socket:
+    """A TCP socket bound here on 127.0.0.1, port 0, for uvicorn's --fd: no other process can take its port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # uvicorn takes an --fd socket for AF_UNIX, so asyncio never sets TCP_NODELAY on its connections; set on
+    # the listener, Linux passes it on to each accepted one (without it, keep-alive requests wait ~40 ms).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((HOST, 0))
+    return sock
+
+
+def uvicorn_command(*options: str, python: str = sys.executable, app: str = "app.main:app") -> list[str]:
+    """`PYTHON -m uvicorn APP OPTIONS`: a command for server_process's --fd mode (it adds `--fd N`)."""
+    return [python, "-m", "uvicorn", app, *options]
+
+
+@contextmanager
+def server_process(
+    command: Sequence[str],
+    *,
+    port: int | None = None,
+    ready: str = "/v2/health/ready",
+    cwd: Path = ROOT,
+    env: Mapping[str, str] | None = None,
+    args: Sequence[str] = (),
+    timeout: float = READY_TIMEOUT_S,
+    stop_timeout: float = STOP_TIMEOUT_S,
+    output: Path | None = None,
+) -> Iterator[Server]:
+    """Run `command + args` on 127.0.0.1, wait until GET `ready` answers 200, yield it; on exit stop its PID alone.
+
+    port None: the command is a uvicorn command line; it gets `--fd N`, a socket bound here (see bound_socket).
+    port given: the command listens on that port itself (from free_port(), in its arguments or its env).
+    env is the child's whole environment (None: this one's); output, if given, gets its stdout and stderr appended.
+    """
+    sock = bound_socket() if port is None else None
+    cmd, fds = [*command, *args], list[int]()
+    if sock is not None:
+        port, fds = int(sock.getsockname()[1]), [sock.fileno()]
+        cmd += ["--fd", str(sock.fileno())]
+    log = output.open("ab") if output is not None else None
+    stderr = None if log is None else subprocess.STDOUT
+    try:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, pass_fds=fds, stdout=log, stderr=stderr)
+    finally:  # the child holds its own copies of both
+        if sock is not None:
+            sock.close()
+        if log is not None:
+            log.close()
+    server = Server(f"http://{HOST}:{port}", proc)
+    try:
+        _wait_ok(server, ready, timeout, output)
+        yield server
+    finally:
+        stop(proc, stop_timeout)
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT_S) -> None:
+    """SIGTERM, then SIGKILL after `timeout` seconds: only the process this run started, by its PID."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_ok(server: Server, path: str, timeout: float, output: Path | None) -> None:
+    url = server.base + path
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {server.proc.returncode} before {url} answered 200{_tail(output)}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer 200 within {timeout} s{_tail(output)}")
+
+
+def _tail(output: Path | None, chars: int = 4000) -> str:
+    return "" if output is None else f"; the end of {output}:\n{output.read_text(errors='replace')[-chars:]}"
+
+
+def normserve_command() -> list[str]:
     # One uvicorn process (no --workers): its PID is the worker's, whose memory section 5 reads.
-    return [
-        *(sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)),
-        *("--loop", "uvloop", "--http", "httptools", "--log-level", "warning", "--no-access-log"),
-    ]
+    options = ("--loop", "uvloop", "--http", "httptools", "--log-level", "warning", "--no-access-log")
+    return uvicorn_command(*options)
 
 
 @contextmanager
 def serve(name: str, env: Mapping[str, str] | None = None, model_dir: Path | None = None) -> Iterator[Server]:
     """Start one server (normserve, naive or kserve), wait until it answers ready, stop it on exit."""
-    port = free_port()
     models = model_dir or ROOT / "models"
     full_env = {**os.environ, "NORMSERVE_MODEL_DIR": str(models), "NORMSERVE_LOG_LEVEL": "warning", **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     layernorm = str(models / "layernorm.onnx")
+    port = None if name == "normserve" else free_port()  # the peers take a port, not an --fd socket
     if name == "normserve":
-        cmd, ready = normserve_command(port), "/v2/health/ready"
+        cmd, ready = normserve_command(), "/v2/health/ready"
     elif name == "naive":
         cmd = [sys.executable, "-m", "benchmarks.peers.naive_fastapi", "--model", layernorm, "--port", str(port)]
         ready = "/health"
@@ -63,39 +164,8 @@ def serve(name: str, env: Mapping[str, str] | None = None, model_dir: Path | Non
     else:
         raise ValueError(f"unknown server {name!r}")
     CACHE.mkdir(exist_ok=True)
-    log = (CACHE / f"{name}.log").open("ab")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        _wait_ready(f"http://127.0.0.1:{port}{ready}", proc, name)
-        yield Server(name, port, proc.pid)
-    finally:
-        stop(proc)
-        log.close()
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after 15 s: only the process this run started."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], name: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode} before {url} answered; see {CACHE / name}.log")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{name}: {url} did not answer 200 within {READY_TIMEOUT_S} s")
+    with server_process(cmd, port=port, ready=ready, env=full_env, output=CACHE / f"{name}.log") as server:
+        yield server
 
 
 def kserve_ready() -> bool:

@@ -20,9 +20,10 @@ import orjson
 from benchmarks import inprocess, report, servers, serving
 from benchmarks.serving import HttpPlan, stderr_log
 
-FLOOR_SHAPES = [(1, 8, 64), (8, 128, 768), (32, 512, 1024)]
-HTTP_SHAPES = [(1, 8, 64), (8, 128, 768)]
-ENCODE_SHAPES = [(1, 128, 128), (8, 128, 128), (1, 16, 128)]  # the last: where a merged run is cheaper
+FLOOR_SHAPES: list[tuple[int, ...]] = [(1, 8, 64), (8, 128, 768), (32, 512, 1024)]
+HTTP_SHAPES: list[tuple[int, ...]] = [(1, 8, 64), (8, 128, 768)]
+# The last encoder shape: where a merged run is cheaper.
+ENCODE_SHAPES: list[tuple[int, ...]] = [(1, 128, 128), (8, 128, 128), (1, 16, 128)]
 # Every shape merged, to show where merging pays (the default NORMSERVE_BATCH_MAX_SEQ_LEN=64 merges seq 16 only).
 BATCHING_ON = {
     "NORMSERVE_BATCH_MAX_SIZE": "8",

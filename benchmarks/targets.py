@@ -14,7 +14,8 @@ Row = list[str]
 def _cell(
     results: dict[str, Any], server: str, protocol: str, shape: tuple[int, ...], conc: int
 ) -> dict[str, Any] | None:
-    for r in results.get("http", []):
+    rows: list[dict[str, Any]] = results.get("http", [])
+    for r in rows:
         if (r["server"], r["protocol"], tuple(r["shape"]), r["concurrency"]) == (server, protocol, shape, conc):
             return r
     return None

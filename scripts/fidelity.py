@@ -8,7 +8,8 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,12 @@ import numpy as np
 # Run as a file (python scripts/fidelity.py) the repository root is not on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.core import dataplane, reference
+from app.core import reference
 from app.core.conditioning import REFINE_TOL, condition_rows, refine_rows
-from app.core.runtime import Model, Runtime
+from app.core.dataplane import NormalizeInput
+from app.core.layernorm import FLOAT32_ULP, NORMALIZE_ATOL
+from app.core.model import Model
+from app.core.runtime import Runtime
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +53,7 @@ def row_bound(ref: np.ndarray, D: int, gamma: np.ndarray | None) -> np.ndarray:
     """Per-row bound: NORMALIZE_ATOL * max(1, max|gamma|) + FLOAT32_ULP * max|reference output of the row|."""
     g = 1.0 if gamma is None else max(1.0, float(np.abs(gamma).max()))
     out_max: np.ndarray = np.abs(ref.reshape(-1, D)).max(axis=1)
-    return dataplane.NORMALIZE_ATOL * g + dataplane.FLOAT32_ULP * out_max
+    return NORMALIZE_ATOL * g + FLOAT32_ULP * out_max
 
 
 def row_errors(out: np.ndarray, ref: np.ndarray, D: int) -> np.ndarray:
@@ -69,7 +73,7 @@ def plain_onnx(k: int, eps: float) -> Callable[[np.ndarray, np.ndarray, np.ndarr
     graph = helper.make_graph([node], "plain_layernorm", io[:3], io[3:])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return lambda x, g, b: sess.run(None, {"X": x, "G": g, "B": b})[0]  # type: ignore[no-any-return]
+    return lambda x, g, b: sess.run(None, {"X": x, "G": g, "B": b})[0]
 
 
 def plain_torch(x: np.ndarray, k: int, eps: float, gamma: np.ndarray, beta: np.ndarray) -> np.ndarray:
@@ -79,7 +83,7 @@ def plain_torch(x: np.ndarray, k: int, eps: float, gamma: np.ndarray, beta: np.n
     t = torch.nn.functional.layer_norm(
         torch.from_numpy(x), x.shape[-k:], torch.from_numpy(gamma), torch.from_numpy(beta), eps
     )
-    return t.numpy()  # type: ignore[no-any-return]
+    return t.numpy()
 
 
 def graph_only(
@@ -113,7 +117,7 @@ def measure_point(
     bound = row_bound(ref, D, gamma)
     model = runtime.get("layernorm")
     outs = {
-        "normserve": dataplane.normalize(runtime, dataplane.NormalizeInput(x, k, EPS, mode, gamma, beta)).output,
+        "normserve": model.infer(NormalizeInput(x, k, EPS, mode, gamma, beta)).output,
         "unconditioned": graph_only(model, x, k, mode, g, b, condition=False),
         "unrefined": graph_only(model, x, k, mode, g, b, condition=True),
     }
@@ -132,30 +136,39 @@ def measure_point(
 def run_grid(runtime: Runtime, shape: Sequence[int], cases: Sequence[tuple[str, int, bool]]) -> dict[Any, Any]:
     """{(case, offset, magnitude): {impl: (max abs error, max error / bound)}} over the whole grid."""
     plain: dict[str, Any] = {f"onnx{k}": plain_onnx(k, EPS) for k in (1, 2)}
-    try:
-        import torch
-    except ImportError:  # the runtime image has no torch; the table then says so
-        torch = None
-    plain["torch"] = torch is not None
-    threads = torch.get_num_threads() if torch else 1
-    if torch:  # rows are independent, so one thread gives the same numbers without spinning up a pool per call
-        torch.set_num_threads(1)
-    try:
+    with one_torch_thread() as has_torch:
+        plain["torch"] = has_torch
         table = {}
         for i, (offset, magnitude) in enumerate((o, m) for o in OFFSETS for m in MAGNITUDES):
             x = grid_point(offset, magnitude, shape, seed=i)
             for case in cases:
                 table[(case, offset, magnitude)] = measure_point(runtime, x, case, plain)
-    finally:
-        if torch:
-            torch.set_num_threads(threads)
     return table
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[bool]:
+    """torch at one intra-op thread meanwhile, then as it was; yields whether torch is installed at all.
+
+    Rows are independent, so one thread gives the same numbers without spinning up a pool per call.
+    """
+    try:
+        import torch
+    except ImportError:  # the runtime image has no torch; the table then says so
+        yield False
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield True
+    finally:
+        torch.set_num_threads(threads)
 
 
 def time_conditioning(
     runtime: Runtime, shape: Sequence[int], repeats: int, clock: Callable[[], float] = time.perf_counter
 ) -> dict[str, float]:
-    """Median ms of: the graph on raw rows, on conditioned rows (with refinement), and all of dataplane.normalize."""
+    """Median ms of: the graph on raw rows, on conditioned rows (with refinement), and all of LayerNormModel.infer."""
     model = runtime.get("layernorm")
     x = np.random.default_rng(7).standard_normal(tuple(shape)).astype(np.float32)
     D = shape[-1]
@@ -173,7 +186,7 @@ def time_conditioning(
         refine_rows(rows, out, mean, inv, g, b)
 
     def full() -> None:
-        dataplane.normalize(runtime, dataplane.NormalizeInput(x, 1))
+        runtime.get("layernorm").infer(NormalizeInput(x, 1))
 
     fns = {"raw": raw, "conditioned": conditioned, "normalize": full}
     times: dict[str, list[float]] = {n: [] for n in fns}
@@ -271,7 +284,7 @@ def write_plot(table: dict[Any, Any], path: Path) -> None:
                 continue
             ys = np.clip(curves(table, impl, axis), floor, ceiling)
             ax.plot(xs, ys, style, label=impl if impl != "onnxruntime" else "onnxruntime LayerNormalization")
-        ax.axhline(dataplane.NORMALIZE_ATOL, color="grey", ls="--", lw=1, label="bound 1e-5 (+ output rounding)")
+        ax.axhline(NORMALIZE_ATOL, color="grey", ls="--", lw=1, label="bound 1e-5 (+ output rounding)")
         ax.set(xscale="log", yscale="log", ylabel="max |error| vs float64")
         ax.grid(True, which="major", alpha=0.3)
     axes[0].set(xlabel="row offset / row std (0 drawn at 1)", title="against offset (magnitudes 1e-30 to 1e10)")
@@ -345,7 +358,9 @@ def write_markdown(
             f"{worst(table, 'unrefined', case)[1]:.3f} |"
         )
     lines += ["", f"Cost at {timing_shape} (median of {repeats} interleaved runs, ms):", ""]
-    lines += ["| onnxruntime, clock | graph on raw rows | conditioned + refined | ratio | all of dataplane.normalize |"]
+    lines += [
+        "| onnxruntime, clock | graph on raw rows | conditioned + refined | ratio | all of LayerNormModel.infer |"
+    ]
     lines += ["|---|---|---|---|---|"]
     for label, t in timing:
         cost = t["conditioned"] / t["raw"]

@@ -29,13 +29,12 @@ def client(server: str) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="session")
 def runtime():  # type: ignore[no-untyped-def]
     """The repo's models loaded and warmed up in this process, as a worker would."""
-    from app.core import dataplane
     from app.core.runtime import Runtime
     from app.settings import Settings
 
     rt = Runtime(Settings(model_dir=MODELS))
     rt.load()
-    dataplane.warm_up(rt)
+    rt.warm_up()
     return rt
 
 

@@ -1,20 +1,24 @@
-"""A real uvicorn process on 127.0.0.1 for integration tests, started and stopped by PID."""
+"""Real servers on 127.0.0.1 for integration tests: thin wrappers of benchmarks.servers.server_process."""
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
+from benchmarks.servers import HOST, ROOT, Server, free_port, uvicorn_command
+from benchmarks.servers import server_process as _server_process
 
-ROOT = Path(__file__).resolve().parents[1]
+__all__ = ["MODELS", "ROOT", "cli_server", "live_server", "server_env", "server_process"]
+
 MODELS = ROOT / "models"
+
+
+def server_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment with the repo's models and warning logs, then env on top."""
+    return {**os.environ, "NORMSERVE_MODEL_DIR": str(MODELS), "NORMSERVE_LOG_LEVEL": "warning", **(env or {})}
 
 
 @contextmanager
@@ -29,39 +33,28 @@ def server_process(
     env: Mapping[str, str] | None = None, wait_ready: bool = True, timeout: float = 90.0, args: Sequence[str] = ()
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """As live_server, also yielding the process (for tests that signal it or read its memory); args go to uvicorn."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # uvicorn takes an --fd socket for AF_UNIX, so asyncio never sets TCP_NODELAY on its connections; set on
-    # the listener, Linux passes it on to each accepted one (without it, keep-alive requests wait ~40 ms).
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    full_env = {**os.environ, "NORMSERVE_MODEL_DIR": str(MODELS), "NORMSERVE_LOG_LEVEL": "warning", **(env or {})}
-    cmd = [sys.executable, "-m", "uvicorn", "app.main:app", "--fd", str(sock.fileno()), "--log-level", "warning", *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, pass_fds=[sock.fileno()])
-    sock.close()
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait(base, proc, "/v2/health/ready" if wait_ready else "/v2/health/live", timeout)
-        yield base, proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    ready = "/v2/health/ready" if wait_ready else "/v2/health/live"
+    command = uvicorn_command("--log-level", "warning")
+    with _server_process(command, ready=ready, env=server_env(env), args=args, timeout=timeout) as server:
+        yield server.base, server.proc
 
 
-def _wait(base: str, proc: subprocess.Popen[bytes], path: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before {path} answered 200")
-        try:
-            if httpx.get(base + path, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{path} did not answer 200 within {timeout} s")
+@contextmanager
+def cli_server(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path = ROOT,
+    ready: str = "/v2/health/ready",
+    timeout: float = 90.0,
+    output: Path | None = None,
+) -> Iterator[Server]:
+    """A command that listens where NORMSERVE_HOST and NORMSERVE_PORT say (`normserve serve`), on a free port.
+
+    env is its whole environment, to which the address is added; it is stopped as every server is, by its PID.
+    """
+    port = free_port()
+    full_env = {**env, "NORMSERVE_HOST": HOST, "NORMSERVE_PORT": str(port)}
+    with _server_process(
+        command, port=port, ready=ready, cwd=cwd, env=full_env, timeout=timeout, stop_timeout=30, output=output
+    ) as server:
+        yield server

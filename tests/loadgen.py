@@ -76,12 +76,12 @@ def _expect_json(status: int, extract: Callable[[Any], Any], want: np.ndarray, a
     return check
 
 
-def _expect_error(status: int, fragment: str) -> Callable[[httpx.Response], str | None]:
+def _expect_error(status: int, message: str) -> Callable[[httpx.Response], str | None]:
     def check(r: httpx.Response) -> str | None:
         if r.status_code != status:
             return f"status {r.status_code}, expected {status}: {r.text[:200]}"
-        if fragment not in r.json().get("error", ""):
-            return f"error {r.json()!r} does not mention {fragment!r}"
+        if r.json().get("error") != message:
+            return f"error {r.json()!r}, expected {message!r}"
         return None
 
     return check
@@ -136,11 +136,46 @@ def invalid_cases() -> list[Case]:
     bad_header = json.dumps({"inputs": [{"name": "input", "shape": [2], "datatype": "FP32"}]}).encode()
     rows = [
         ("ragged", "/normalize", b'{"data": [[1, 2], [3]]}', JSON, 422, "data: row 1 has 1 elements, expected 2"),
-        ("nan-token", "/normalize", b'{"data": [NaN, 1]}', JSON, 400, "body: not valid JSON"),
-        ("wrong-d-model", "/encode", b'{"data": [[1, 2]]}', JSON, 422, "expected d_model = 128"),
-        ("unknown-model", "/v2/models/gpt/infer", b"{}", JSON, 404, "gpt"),
-        ("v2-float32-range", "/v2/models/layernorm/infer", _v2_json([1e39, 1.0]), JSON, 400, "outside float32"),
-        ("v2-header-length", "/v2/models/layernorm/infer", bad_header, {HEADER_LENGTH: "99999"}, 400, HEADER_LENGTH),
+        (
+            "nan-token",
+            "/normalize",
+            b'{"data": [NaN, 1]}',
+            JSON,
+            400,
+            "body: not valid JSON (unexpected character, expected a JSON value: line 1 column 11 (char 10))",
+        ),
+        (
+            "wrong-d-model",
+            "/encode",
+            b'{"data": [[1, 2]]}',
+            JSON,
+            422,
+            "data: last dimension is 2, expected d_model = 128",
+        ),
+        (
+            "unknown-model",
+            "/v2/models/gpt/infer",
+            b"{}",
+            JSON,
+            404,
+            "model: unknown model 'gpt'; available: encoder, encoder-preln, layernorm",
+        ),
+        (
+            "v2-float32-range",
+            "/v2/models/layernorm/infer",
+            _v2_json([1e39, 1.0]),
+            JSON,
+            400,
+            "inputs.input: element [0] = 1e+39 is outside float32's finite range (|x| <= 3.402823e+38)",
+        ),
+        (
+            "v2-header-length",
+            "/v2/models/layernorm/infer",
+            bad_header,
+            {HEADER_LENGTH: "99999"},
+            400,
+            "Inference-Header-Content-Length: 99999 exceeds the body's 65 bytes (after decompression)",
+        ),
     ]
     return [Case(n, p, b, h, False, _expect_error(s, f)) for n, p, b, h, s, f in rows]
 

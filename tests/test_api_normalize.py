@@ -3,30 +3,30 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from golden import GOLDEN
 from live_server import MODELS
 
 from app.core import reference
+from app.core.seeds import LAYER_NORM_EXAMPLES, SEED003, LayerNormExample
+
+ATOL = 1e-4  # the float32 service against the seeds' numbers (or their own precision, where coarser)
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "numpy"])
-@pytest.mark.parametrize(("fields", "expected", "stats"), GOLDEN)
-def test_golden_vectors_on_both_backends(
-    client: httpx.Client, backend: str, fields: dict[str, Any], expected: Any, stats: Any
-) -> None:
-    r = client.post("/normalize", json={**fields, "backend": backend})
+@pytest.mark.parametrize("example", LAYER_NORM_EXAMPLES, ids=lambda e: e.name)
+def test_golden_vectors_on_both_backends(client: httpx.Client, backend: str, example: LayerNormExample) -> None:
+    r = client.post("/normalize", json={**example.request(), "backend": backend})
     assert r.status_code == 200, r.text
     body = r.json()
-    np.testing.assert_allclose(body["output"], expected, atol=1e-4)
-    np.testing.assert_allclose(body["stats"]["mean"], stats["mean"], atol=1e-4)
-    np.testing.assert_allclose(body["stats"]["std"], stats["std"], atol=1e-4)
+    atol = max(ATOL, example.atol)
+    np.testing.assert_allclose(body["output"], example.output, atol=atol)
+    np.testing.assert_allclose(body["stats"]["mean"], example.mean, atol=atol)
+    np.testing.assert_allclose(body["stats"]["std"], example.std, atol=atol)
     np.testing.assert_allclose(np.square(body["stats"]["std"]), body["stats"]["var"], rtol=1e-12)
-    assert body["shape"] == list(np.shape(fields["data"]))
+    assert body["shape"] == list(np.shape(example.x))
     assert body["backend"] == backend
 
 
@@ -104,10 +104,10 @@ def test_constant_rows_normalize_to_beta(client: httpx.Client) -> None:
 def test_gzip_request_body_is_accepted(client: httpx.Client) -> None:
     import gzip
 
-    raw = json.dumps({"data": [[0.2, 0.1, 0.3]]}).encode()
+    raw = json.dumps({"data": [SEED003.x[0]]}).encode()
     r = client.post("/normalize", content=gzip.compress(raw), headers={"Content-Encoding": "gzip"})
     assert r.status_code == 200
-    np.testing.assert_allclose(r.json()["output"], [[0, -1.2238, 1.2238]], atol=1e-4)
+    np.testing.assert_allclose(r.json()["output"], [SEED003.output[0]], atol=ATOL)
 
 
 def test_no_content_type_is_fine(client: httpx.Client) -> None:

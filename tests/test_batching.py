@@ -121,9 +121,21 @@ def _encoder_runs(base: str) -> float:
 @pytest.mark.parametrize(
     ("bad", "status", "message"),
     [
-        ({"data": [[[1e38, -1e38] * 64] * 16]}, 422, "not finite"),  # fails after the merged run, alone
-        ({"data": [[[0.5] * 64] * 16]}, 422, "d_model"),  # fails before it reaches the batcher
-        ({"data": [[[0.5] * 128] * 16], "padding_mask": [[False] * 15]}, 422, "padding_mask"),
+        (  # fails after the merged run, alone
+            {"data": [[[1e38, -1e38] * 64] * 16]},
+            422,
+            "output: the result is not finite in FP32 (it overflows); scale the input or gamma down, or use a larger eps",
+        ),
+        (  # fails before it reaches the batcher
+            {"data": [[[0.5] * 64] * 16]},
+            422,
+            "data: last dimension is 64, expected d_model = 128",
+        ),
+        (
+            {"data": [[[0.5] * 128] * 16], "padding_mask": [[False] * 15]},
+            422,
+            "padding_mask: shape [1, 15] does not match data's [batch, seq] = [1, 16]",
+        ),
     ],
     ids=["overflow-inside-batch", "wrong-d-model", "mask-shape"],
 )
@@ -133,7 +145,7 @@ def test_an_error_in_one_request_leaves_the_rest_of_its_batch_intact(
     good = [CASES[0], CASES[2], CASES[8], CASES[10]]  # all seq 16, the same key as the bad one
     responses = _post_all(batched_server, "/encode", [*good[:2], bad, *good[2:]])
     assert responses[2].status_code == status
-    assert message in responses[2].json()["error"]
+    assert responses[2].json()["error"] == message
     for body, got in zip(good, [*responses[:2], *responses[3:]], strict=True):
         assert got.status_code == 200, got.text[:200]
         want = httpx.post(server + "/encode", json=body, timeout=60).json()["output"]

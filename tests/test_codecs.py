@@ -7,12 +7,21 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.core.tensors import decode_binary, decode_json_tensor, encode_binary, encode_json_tensor, loads
+from app.core.tensors import (
+    binary_view,
+    decode_binary,
+    decode_json_tensor,
+    encode_json_tensor,
+    loads,
+    to_finite_float,
+)
 from app.errors import InvalidInput, MalformedBody
 
 
 def decode(value: Any, **kw: Any) -> np.ndarray:
-    return decode_json_tensor(value, "data", max_elements=kw.pop("max_elements", 1000), max_depth=8, **kw)
+    """As a request's tensor goes: decoded, then cast to float32 by the data plane's input."""
+    arr = decode_json_tensor(value, "data", max_elements=kw.pop("max_elements", 1000), max_depth=8, **kw)
+    return arr if arr.dtype == np.bool_ else to_finite_float(arr, "data")
 
 
 @pytest.mark.parametrize(
@@ -56,10 +65,10 @@ def test_good_json_tensor_becomes_float32(value: Any, shape: tuple[int, ...]) ->
 
 
 def test_bool_tensor_for_masks() -> None:
-    mask = decode([[True, False]], dtype=np.bool_)
+    mask = decode([[True, False]], boolean=True)
     assert mask.dtype == np.bool_ and mask.tolist() == [[True, False]]
     with pytest.raises(InvalidInput, match="expected an array of booleans"):
-        decode([[1, 0]], dtype=np.bool_)
+        decode([[1, 0]], boolean=True)
 
 
 @pytest.mark.parametrize("body", [b"[NaN]", b'{"data": [Infinity]}', b'{"data": [1e400]}', b"{", b"\xff"])
@@ -78,7 +87,7 @@ def test_binary_round_trip(dtype: str) -> None:
     arr = (np.arange(24).reshape(2, 3, 4) % 3).astype(
         {"FP32": "<f4", "FP64": "<f8", "INT64": "<i8", "BOOL": "?"}[dtype]
     )
-    raw = encode_binary(arr)
+    raw = bytes(binary_view(arr))
     back = decode_binary(memoryview(raw), dtype, [2, 3, 4], "input")
     np.testing.assert_array_equal(back, arr)
 

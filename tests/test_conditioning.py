@@ -1,4 +1,4 @@
-"""app/conditioning.py in process: the kernel is handed the same problem, and refine_rows fixes its statistics."""
+"""app/core/conditioning.py in process: the kernel is handed the same problem, and refine_rows fixes its statistics."""
 
 from __future__ import annotations
 

@@ -10,16 +10,14 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from live_server import MODELS, ROOT
+from live_server import MODELS, ROOT, cli_server
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
@@ -69,31 +67,12 @@ def test_runtime_venv_has_no_torch(runtime_venv: Path) -> None:
 
 
 def test_runtime_cmd_serves_the_models_without_torch(runtime_venv: Path, tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("NORMSERVE_")},
         "PATH": f"{runtime_venv / 'bin'}:{os.environ['PATH']}",
         "NORMSERVE_MODEL_DIR": str(MODELS),
-        "NORMSERVE_HOST": "127.0.0.1",  # the image binds 0.0.0.0; tests stay on loopback
-        "NORMSERVE_PORT": str(port),
-    }
-    proc = subprocess.Popen(_cmd(), cwd=tmp_path, env=env)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, "the runtime command exited"
-            try:
-                if httpx.get(base + "/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        r = httpx.post(base + "/normalize", json={"data": [[0.2, 0.1, 0.3], [0.5, 0.1, 0.1]]})
+    }  # cli_server adds NORMSERVE_HOST=127.0.0.1 (the image binds 0.0.0.0; tests stay on loopback) and the port
+    with cli_server(_cmd(), env, cwd=tmp_path, timeout=60) as server:
+        r = httpx.post(server.base + "/normalize", json={"data": [[0.2, 0.1, 0.3], [0.5, 0.1, 0.1]]})
         assert r.status_code == 200
         assert [round(v, 4) for v in r.json()["output"][1]] == [1.414, -0.707, -0.707]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)

@@ -185,7 +185,7 @@ def assert_refused_while_draining(probes: list[httpx.Response]) -> None:
     for r in probes:
         assert r.status_code == 503, (r.request.url, r.text)
         assert r.headers["retry-after"] == "1"
-        assert "shutting down" in r.json()["error"]
+        assert r.json()["error"] == "server is shutting down; retry on another replica"
 
 
 def test_sigterm_during_load_finishes_every_accepted_request_and_refuses_new_ones() -> None:

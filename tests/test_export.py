@@ -18,9 +18,10 @@ import pytest
 import torch
 
 import app
+from app.core.encoder import output_names
 from app.core.reference import EncoderConfig, layer_norm_names
 from app.export.exporter import ParityError, export_models, main
-from app.export.modules import CheckpointError, encoder_output_names, seeded_encoder
+from app.export.modules import CheckpointError, seeded_encoder
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = EncoderConfig(d_model=16, num_heads=2, d_ff=32, num_layers=1, max_sequence_length=32)
@@ -139,7 +140,7 @@ def test_encoder_signature_in_manifest_and_graph(exported: Export, name: str) ->
     ]
     cfg = dataclasses.replace(SMALL, norm_first=ENCODERS[name])
     names = ["output"] + [f"{n}.{s}" for n in layer_norm_names(cfg) for s in ("mean", "std")]
-    assert names == encoder_output_names(cfg)
+    assert names == output_names(layer_norm_names(cfg))
     assert [o["name"] for o in entry["outputs"]] == names
     assert [o["shape"] for o in entry["outputs"]] == [[-1, -1, 16]] + [[-1, -1]] * (len(names) - 1)
     graph = onnx.load(str(exported.out / f"{name}.onnx")).graph

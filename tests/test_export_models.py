@@ -10,28 +10,23 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from golden import GOLDEN
 from torch import nn
 
 from app.core import reference
 from app.core.reference import EncoderConfig
+from app.core.seeds import (
+    LAYER_NORM_EXAMPLES,
+    SEED000,
+    SEED002_POSITIONAL_ENCODING,
+    SEED003,
+    SEED003_LAST_TWO_DIMS,
+    LayerNormExample,
+)
 from app.export.modules import Encoder, EncoderLayer, LayerNorm, RowLayerNorm, seeded_encoder
 
 SMALL = EncoderConfig(d_model=16, num_heads=4, d_ff=32, num_layers=2, max_sequence_length=32)
 
-# Seed 002's printed PositionalEncoding(d_model=6, max_sequence_length=10), 4 decimals.
-SEED002_PE = [
-    [0.0000, 1.0000, 0.0000, 1.0000, 0.0000, 1.0000],
-    [0.8415, 0.5403, 0.0464, 0.9989, 0.0022, 1.0000],
-    [0.9093, -0.4161, 0.0927, 0.9957, 0.0043, 1.0000],
-    [0.1411, -0.9900, 0.1388, 0.9903, 0.0065, 1.0000],
-    [-0.7568, -0.6536, 0.1846, 0.9828, 0.0086, 1.0000],
-    [-0.9589, 0.2837, 0.2300, 0.9732, 0.0108, 0.9999],
-    [-0.2794, 0.9602, 0.2749, 0.9615, 0.0129, 0.9999],
-    [0.6570, 0.7539, 0.3192, 0.9477, 0.0151, 0.9999],
-    [0.9894, -0.1455, 0.3629, 0.9318, 0.0172, 0.9999],
-    [0.4121, -0.9111, 0.4057, 0.9140, 0.0194, 0.9998],
-]
+ATOL = 1e-4  # float32 against the seeds' numbers (or their own precision, where coarser)
 
 # Our parameter names -> torch.nn.TransformerEncoderLayer's.
 TORCH_LAYER_NAMES = {
@@ -95,27 +90,39 @@ def test_row_layer_norm_on_the_2d_view_matches_reference(k: int, eps_mode: str) 
     np.testing.assert_allclose(inv_std_dev, 1 / denom, atol=1e-5)
 
 
-@pytest.mark.parametrize(("fields", "expected", "stats"), GOLDEN)
-def test_golden_vectors_hold_for_reference_and_torch_row_layer_norm(
-    fields: dict[str, Any], expected: Any, stats: Any
-) -> None:
-    x = np.asarray(fields["data"], dtype=np.float32)
-    k, eps, eps_mode = len(fields.get("normalized_shape", [0])), fields.get("eps", 1e-5), fields.get("eps_mode", "var")
+@pytest.mark.parametrize("example", LAYER_NORM_EXAMPLES, ids=lambda e: e.name)
+def test_golden_vectors_hold_for_reference_and_torch_row_layer_norm(example: LayerNormExample) -> None:
+    x = np.asarray(example.x, dtype=np.float32)
+    k, eps, eps_mode = example.k, example.eps, example.eps_mode
     r = reference.layer_norm(x, k, eps, eps_mode)
     out, mean, _ = _row_layer_norm(x, k, eps, eps_mode)
+    atol = max(ATOL, example.atol)
     for output in (r.output, out):
-        np.testing.assert_allclose(output, expected, atol=1e-4)
-    np.testing.assert_allclose(mean, stats["mean"], atol=1e-4)
-    np.testing.assert_allclose(np.sqrt(r.var), stats["std"], atol=1e-4)
+        np.testing.assert_allclose(output, example.output, atol=atol)
+    np.testing.assert_allclose(mean, example.mean, atol=atol)
+    np.testing.assert_allclose(np.sqrt(r.var), example.std, atol=atol)
 
 
-@pytest.mark.parametrize(("fields", "expected", "stats"), [p for p in GOLDEN if "var" in p.id])
-def test_golden_vectors_hold_for_torch_nn_layer_norm(fields: dict[str, Any], expected: Any, stats: Any) -> None:
-    x = torch.tensor(fields["data"])
-    normalized_shape = fields.get("normalized_shape", [x.shape[-1]])
+@pytest.mark.parametrize("example", [e for e in LAYER_NORM_EXAMPLES if e.eps_mode == "var"], ids=lambda e: e.name)
+def test_golden_vectors_hold_for_torch_nn_layer_norm(example: LayerNormExample) -> None:
+    x = torch.tensor(np.asarray(example.x, dtype=np.float32))
     with torch.no_grad():
-        out = nn.LayerNorm(normalized_shape, eps=fields.get("eps", 1e-5))(x)
-    np.testing.assert_allclose(out.numpy(), expected, atol=1e-4)
+        out = nn.LayerNorm(list(example.normalized_shape), eps=example.eps)(x)
+    np.testing.assert_allclose(out.numpy(), example.output, atol=max(ATOL, example.atol))
+
+
+def test_export_parity_inputs_include_the_seeds_inputs() -> None:
+    from app.export.parity import layernorm_cases
+
+    cases = {c.id: c for c in layernorm_cases()}
+    for case_id, example in (
+        ("seed003-var", SEED003),
+        ("seed003-var-k2", SEED003_LAST_TWO_DIMS),
+        ("seed000-std", SEED000),
+    ):
+        case = cases[case_id]
+        np.testing.assert_array_equal(case.x, np.asarray(example.x, dtype=np.float32))
+        assert (case.k, case.eps, case.eps_mode) == (example.k, example.eps, example.eps_mode)
 
 
 def test_encoder_layer_norm_matches_nn_layer_norm_and_reports_population_stats() -> None:
@@ -224,5 +231,8 @@ def test_seeded_encoder_is_deterministic_and_perturbs_layer_norms() -> None:
 
 def test_positional_encoding_matches_seed_002_table() -> None:
     cfg = EncoderConfig(d_model=6, num_heads=2, d_ff=8, num_layers=1, max_sequence_length=10)
-    np.testing.assert_allclose(Encoder(cfg).pe.numpy(), SEED002_PE, atol=1e-4)
-    np.testing.assert_allclose(reference.positional_encoding(10, 6), SEED002_PE, atol=1e-4)
+    pe = SEED002_POSITIONAL_ENCODING
+    np.testing.assert_allclose(Encoder(cfg).pe.numpy(), pe.encoding, atol=ATOL)
+    np.testing.assert_allclose(
+        reference.positional_encoding(pe.max_sequence_length, pe.d_model), pe.encoding, atol=ATOL
+    )

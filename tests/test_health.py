@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import time
 from pathlib import Path
@@ -29,16 +31,30 @@ def _tampered_copy(tmp_path: Path, how: str) -> Path:
     return target
 
 
+# {models}: the model directory; {sha256}: the tampered file's; {manifest_sha256}: the one the manifest expects.
 @pytest.mark.parametrize(
     ("how", "reason"),
     [
-        ("tampered", "layernorm.onnx: sha256"),
-        ("missing", "encoder.onnx: model file missing"),
-        ("no-manifest", "manifest missing"),
+        pytest.param(
+            "tampered",
+            "model check failed: {models}/layernorm.onnx: sha256 {sha256} does not match the manifest's {manifest_sha256}",
+            id="tampered",
+        ),
+        pytest.param("missing", "model check failed: {models}/encoder.onnx: model file missing", id="missing"),
+        pytest.param(
+            "no-manifest",
+            "model check failed: {models}/manifest.json: manifest missing; run `normserve export`",
+            id="no-manifest",
+        ),
     ],
 )
 def test_bad_model_dir_keeps_server_live_but_not_ready(tmp_path: Path, how: str, reason: str) -> None:
     model_dir = _tampered_copy(tmp_path, how)
+    reason = reason.format(
+        models=model_dir,
+        sha256=hashlib.sha256((model_dir / "layernorm.onnx").read_bytes()).hexdigest(),
+        manifest_sha256=json.loads((MODELS / "manifest.json").read_text())["models"]["layernorm"]["sha256"],
+    )
     with (
         live_server({"NORMSERVE_MODEL_DIR": str(model_dir)}, wait_ready=False) as base,
         httpx.Client(base_url=base) as c,
@@ -49,8 +65,8 @@ def test_bad_model_dir_keeps_server_live_but_not_ready(tmp_path: Path, how: str,
             if "model check failed" in r.text:
                 break
             time.sleep(0.05)
-        assert r.status_code == 503 and reason in r.json()["error"]
+        assert r.status_code == 503 and r.json()["error"] == f"not ready: {reason}"
         assert r.headers["retry-after"] == "1"
         inf = c.post("/normalize", json={"data": [1.0, 2.0]})
         assert inf.status_code == 503 and inf.headers["retry-after"] == "1"
-        assert "server is not ready: model check failed" in inf.json()["error"]
+        assert inf.json()["error"] == f"server is not ready: {reason}"

@@ -13,7 +13,9 @@ from fastapi import APIRouter, FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.core import dataplane, reference
+from app.core import reference
+from app.core.dataplane import NormalizeInput
+from app.core.layernorm import CHUNK_ELEMENTS
 from app.server.api.direct import DirectRoute
 from app.server.api.v2.routes import STREAM_BYTES
 
@@ -26,10 +28,10 @@ from app.server.api.v2.routes import STREAM_BYTES
 def test_an_input_larger_than_a_chunk_matches_the_reference(
     runtime: Any, shape: tuple[int, ...], k: int, eps_mode: str
 ) -> None:
-    assert np.prod(shape) > dataplane.CHUNK_ELEMENTS  # several runs of the graph
+    assert np.prod(shape) > CHUNK_ELEMENTS  # several runs of the graph
     x = (100 + np.random.default_rng(5).standard_normal(shape) * 3).astype(np.float32)
     gamma = np.linspace(0.5, 2, int(np.prod(shape[-k:])), dtype=np.float32).reshape(shape[-k:])
-    out = dataplane.normalize(runtime, dataplane.NormalizeInput(x, k, 1e-5, eps_mode, gamma, -gamma))
+    out = runtime.get("layernorm").infer(NormalizeInput(x, k, 1e-5, eps_mode, gamma, -gamma))
     ref = reference.layer_norm(x, k, 1e-5, eps_mode, gamma, -gamma)
     assert out.output.shape == shape and out.mean.shape == shape[:-k]
     np.testing.assert_allclose(out.output, ref.output, rtol=0, atol=2e-5)

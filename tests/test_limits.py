@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from live_server import live_server
 
+from app.core.seeds import SEED003
 from app.server.api.errors import printable
 
 LN_V2 = "/v2/models/layernorm/infer"
@@ -52,15 +53,15 @@ BIG_BODY = b'{"data": [' + b"0," * 40_000 + b"0]}"  # 80 KB > 64 KiB
 LIMITS = [
     # body size: from Content-Length, from a chunked stream, after decompression
     pytest.param(
-        "/normalize", BIG_BODY, {}, 413, "body exceeds 65536 bytes (NORMSERVE_MAX_BODY_BYTES)", id="body-rest"
+        "/normalize", BIG_BODY, {}, 413, "body: body exceeds 65536 bytes (NORMSERVE_MAX_BODY_BYTES)", id="body-rest"
     ),
-    pytest.param(LN_V2, BIG_BODY, {}, 413, "body exceeds 65536 bytes (NORMSERVE_MAX_BODY_BYTES)", id="body-v2"),
+    pytest.param(LN_V2, BIG_BODY, {}, 413, "body: body exceeds 65536 bytes (NORMSERVE_MAX_BODY_BYTES)", id="body-v2"),
     pytest.param(
         "/encode",
         gzip.compress(BIG_BODY),
         {"Content-Encoding": "gzip"},
         413,
-        "(NORMSERVE_MAX_BODY_BYTES) after decompression",
+        "body: body exceeds 65536 bytes (NORMSERVE_MAX_BODY_BYTES) after decompression",
         id="body-gzip-rest",
     ),
     pytest.param(
@@ -68,7 +69,7 @@ LIMITS = [
         gzip.compress(BIG_BODY),
         {"Content-Encoding": "gzip"},
         413,
-        "(NORMSERVE_MAX_BODY_BYTES) after decompression",
+        "body: body exceeds 65536 bytes (NORMSERVE_MAX_BODY_BYTES) after decompression",
         id="body-gzip-v2",
     ),
     # element count
@@ -93,14 +94,14 @@ LIMITS = [
         v2([0.5] * 1001, [1001]),
         {},
         400,
-        "1001 elements exceed the limit of 1000 (NORMSERVE_MAX_ELEMENTS)",
+        "inputs.input: 1001 elements exceed the limit of 1000 (NORMSERVE_MAX_ELEMENTS)",
         id="elements-v2-json",
     ),
     pytest.param(
         LN_V2,
         *binary_v2([1001]),
         400,
-        "1001 elements exceed the limit of 1000 (NORMSERVE_MAX_ELEMENTS)",
+        "inputs.input: 1001 elements exceed the limit of 1000 (NORMSERVE_MAX_ELEMENTS)",
         id="elements-v2-binary",
     ),
     pytest.param(
@@ -108,7 +109,7 @@ LIMITS = [
         v2([0.5], [10**6, 10**6]),
         {},
         400,
-        "elements exceed the limit of 1000 (NORMSERVE_MAX_ELEMENTS)",
+        "inputs.input: 1000000000000 elements exceed the limit of 1000 (NORMSERVE_MAX_ELEMENTS)",
         id="elements-v2-shape-only",
     ),
     # rank and nesting depth
@@ -120,8 +121,22 @@ LIMITS = [
         "data: nesting deeper than 4 (NORMSERVE_MAX_DEPTH)",
         id="depth-rest",
     ),
-    pytest.param(LN_V2, v2(nested(5), [1, 1, 1, 1, 1]), {}, 400, "(NORMSERVE_MAX_DEPTH)", id="rank-v2"),
-    pytest.param(LN_V2, v2(nested(5), [1]), {}, 400, "(NORMSERVE_MAX_DEPTH)", id="depth-v2-json-data"),
+    pytest.param(
+        LN_V2,
+        v2(nested(5), [1, 1, 1, 1, 1]),
+        {},
+        400,
+        "inputs.input.shape: rank 5; expected 1..4 (NORMSERVE_MAX_DEPTH)",
+        id="rank-v2",
+    ),
+    pytest.param(
+        LN_V2,
+        v2(nested(5), [1]),
+        {},
+        400,
+        "inputs.input.data: nesting deeper than 4 (NORMSERVE_MAX_DEPTH)",
+        id="depth-v2-json-data",
+    ),
 ]
 
 
@@ -131,7 +146,7 @@ def test_over_a_limit_names_the_limit_and_its_setting(
 ) -> None:
     r = small.post(path, content=body, headers=headers)
     assert r.status_code == status, r.text
-    assert message in r.json()["error"]
+    assert r.json()["error"] == message
 
 
 def test_chunked_body_over_the_limit_is_413_while_streaming(small: httpx.Client) -> None:
@@ -143,7 +158,7 @@ def test_chunked_body_over_the_limit_is_413_while_streaming(small: httpx.Client)
 
     r = small.post("/normalize", content=chunks())
     assert r.status_code == 413
-    assert "NORMSERVE_MAX_BODY_BYTES" in r.json()["error"]
+    assert r.json()["error"] == "body: body exceeds 65536 bytes (NORMSERVE_MAX_BODY_BYTES)"
 
 
 @pytest.mark.parametrize("path", ["/encode", ENC_V2])
@@ -155,9 +170,9 @@ def test_sequence_over_the_export_limit_names_the_export_option(client: httpx.Cl
     else:
         r = client.post(path, json={"data": [[0.0] * 128] * 513})
     assert r.status_code == (400 if path == ENC_V2 else 422)
-    assert (
-        "sequence length 513 exceeds max_sequence_length 512 (set at export: normserve export --max-sequence-length)"
-        in r.json()["error"]
+    field = "inputs.input" if path == ENC_V2 else "data"
+    assert r.json()["error"] == (
+        f"{field}: sequence length 513 exceeds max_sequence_length 512 (set at export: normserve export --max-sequence-length)"
     )
 
 
@@ -206,7 +221,7 @@ async def overloaded(base: str) -> tuple[httpx.Response, httpx.Response, float, 
 def test_past_max_in_flight_is_503_with_retry_after_at_once(one_at_a_time: str) -> None:
     refused, first, refused_after, first_after = asyncio.run(overloaded(one_at_a_time))
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
-    assert "the limit (NORMSERVE_MAX_IN_FLIGHT)" in refused.json()["error"]
+    assert refused.json()["error"] == "1 requests in flight, the limit (NORMSERVE_MAX_IN_FLIGHT)"
     assert refused_after < first_after, "the refused request waited for the running one: it was queued"
 
 
@@ -218,10 +233,10 @@ def test_past_the_request_timeout_is_504_and_the_worker_serves_on(one_at_a_time:
             await wait_admitting(client)
             timed_out = await client.post(ENC_V2, content=body, headers=headers)
             await wait_admitting(client)
-            return timed_out, await client.post("/normalize", json={"data": [0.2, 0.1, 0.3]})
+            return timed_out, await client.post("/normalize", json={"data": SEED003.x[0]})
 
     timed_out, after = asyncio.run(scenario())
     assert timed_out.status_code == 504
-    assert "inference took longer than 0.5 s (NORMSERVE_REQUEST_TIMEOUT_S)" in timed_out.json()["error"]
+    assert timed_out.json()["error"] == "inference took longer than 0.5 s (NORMSERVE_REQUEST_TIMEOUT_S)"
     assert after.status_code == 200
-    np.testing.assert_allclose(after.json()["output"], [0.0, -1.2238, 1.2238], atol=1e-4)
+    np.testing.assert_allclose(after.json()["output"], SEED003.output[0], atol=1e-4)

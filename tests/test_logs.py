@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -18,7 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-from live_server import MODELS, ROOT
+from live_server import MODELS, cli_server, server_env
+
+from benchmarks import servers
 
 SECRET = 0.123456789  # a value in request bodies; it must never reach the logs
 QUERY_SECRET = "0.987654321"
@@ -46,50 +45,20 @@ class LoggedServer:
         raise AssertionError(f"no log line for request {request_id}")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def logged_server(
     tmp: Path, level: str, launcher: str = "normserve", model_dir: Path = MODELS, wait: str = "/v2/health/ready"
 ) -> Iterator[LoggedServer]:
     """A real server with its output in a file: `normserve serve`, or plain `uvicorn app.main:app`."""
-    port = _free_port()
+    env = server_env({"NORMSERVE_MODEL_DIR": str(model_dir), "NORMSERVE_LOG_LEVEL": level})
+    log = tmp / f"{launcher}-{level}.log"  # stdout too: uvicorn's access log goes there
     if launcher == "normserve":
-        cmd = [str(Path(sys.executable).parent / "normserve"), "serve"]
+        server = cli_server([str(Path(sys.executable).parent / "normserve"), "serve"], env, ready=wait, output=log)
     else:  # uvicorn's own access log is on by default here: the app must turn it off
-        cmd = [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "info"]
-    env = {
-        **os.environ,
-        "NORMSERVE_HOST": "127.0.0.1",
-        "NORMSERVE_PORT": str(port),
-        "NORMSERVE_MODEL_DIR": str(model_dir),
-    }
-    env["NORMSERVE_LOG_LEVEL"] = level
-    log = tmp / f"{launcher}-{level}.log"
-    with log.open("wb") as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=err, stderr=err)  # uvicorn's access log is stdout
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            try:
-                if httpx.get(base + wait, timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        yield LoggedServer(base, log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        command = servers.uvicorn_command("--log-level", "info")
+        server = servers.server_process(command, ready=wait, env=env, timeout=90, stop_timeout=30, output=log)
+    with server as running:
+        yield LoggedServer(running.base, log)
 
 
 @pytest.fixture(scope="module")

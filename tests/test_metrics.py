@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_server import MODELS, ROOT
+from live_server import ROOT, cli_server, server_env
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -101,12 +100,6 @@ def test_routes_are_labelled_by_template_never_by_raw_path(
 # ---- several workers: prometheus-client's multiprocess mode -----------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _pids_with(directory: Path, kind: str) -> set[int]:
     return {int(m.group(1)) for f in directory.iterdir() if (m := re.fullmatch(rf"{kind}_(\d+)\.db", f.name))}
 
@@ -115,31 +108,11 @@ def _pids_with(directory: Path, kind: str) -> set[int]:
 def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, subprocess.Popen[bytes]]]:
     """`normserve serve --workers 2` on a free loopback port; TMPDIR shows where its metrics directory goes."""
     tmp = tmp_path_factory.mktemp("workers")
-    port = _free_port()
-    env = {**os.environ, "NORMSERVE_HOST": "127.0.0.1", "NORMSERVE_PORT": str(port), "NORMSERVE_MODEL_DIR": str(MODELS)}
-    env.update(NORMSERVE_LOG_LEVEL="warning", TMPDIR=str(tmp))
+    env = server_env({"TMPDIR": str(tmp)})
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     cli = Path(sys.executable).parent / "normserve"
-    proc = subprocess.Popen([str(cli), "serve", "--workers", "2"], cwd=ROOT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, "normserve serve exited"
-            try:
-                if httpx.get(base + "/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        yield base, tmp, proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with cli_server([str(cli), "serve", "--workers", "2"], env) as server:
+        yield server.base, tmp, server.proc
 
 
 def test_metrics_total_every_worker_whichever_answers(two_workers: tuple[str, Path, subprocess.Popen[bytes]]) -> None:

@@ -15,6 +15,7 @@ from live_server import ROOT
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from app.core.reference import EncoderConfig, layer_norm_names
+from app.core.seeds import SEED000, SEED003
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's package (scripts/system-deps.sh); never a browser download
 # Without the background-networking switches Chromium keeps calling Google's services, which this network lacks.
@@ -103,22 +104,14 @@ def assert_close(got: list[float], want: list[float], tol: float = TOL) -> None:
     assert all(math.isclose(g, w, abs_tol=tol) for g, w in zip(got, want, strict=True)), f"{got} vs {want}"
 
 
-SEED003_OUT = [[0.0, -1.2238, 1.2238], [1.4140, -0.7070, -0.7070]]
+SEED003_TEXT = json.dumps(SEED003.request()["data"])  # "[[0.2, 0.1, 0.3], [0.5, 0.1, 0.1]]"
 EXAMPLES = [
-    # id, how the tensor gets in (typed text or an example button), expected output rows, mean, std (= sqrt(var))
-    pytest.param(
-        "[[0.2, 0.1, 0.3], [0.5, 0.1, 0.1]]", None, SEED003_OUT, [0.2, 0.2333], [0.0817, 0.1886], id="seed003-typed"
-    ),
-    pytest.param(None, "#example-seed003", SEED003_OUT, [0.2, 0.2333], [0.0817, 0.1886], id="seed003-button"),
-    pytest.param(
-        None,
-        "#example-seed000",
-        [[-1.60356317, 0, 0.53452106, 1.06904211], [0.4472128, -1.34163839, -0.4472128, 1.34163839]],
-        [0.8, 0.75],
-        [0.374166, 0.559017],
-        id="seed000-std-button",
-    ),
-    pytest.param(None, "#example-seed002", SEED003_OUT, [0.2, 0.2333], [0.0817, 0.1886], id="seed002-last2dims-button"),
+    # id, how the tensor gets in (typed text or an example button), expected output rows, mean, std (= sqrt(var));
+    # seed 002's button sends the [2, 1, 3] input: its table shows the same two rows as seed 003's
+    pytest.param(SEED003_TEXT, None, SEED003.output, SEED003.mean, SEED003.std, id="seed003-typed"),
+    pytest.param(None, "#example-seed003", SEED003.output, SEED003.mean, SEED003.std, id="seed003-button"),
+    pytest.param(None, "#example-seed000", SEED000.output, SEED000.mean, SEED000.std, id="seed000-std-button"),
+    pytest.param(None, "#example-seed002", SEED003.output, SEED003.mean, SEED003.std, id="seed002-last2dims-button"),
 ]
 
 
@@ -156,11 +149,11 @@ def test_seed_examples_show_the_seeds_outputs_stats_and_plots(
 
 
 def test_rank1_tensor_is_one_row_whose_stats_are_bare_numbers(page: Page) -> None:
-    page.fill("#data", "[0.2, 0.1, 0.3]")
+    page.fill("#data", json.dumps(SEED003.x[0]))
     settle(page, lambda: page.click("#run"))
     assert len(output_table(page)) == 1
-    assert_close(output_table(page)[0], SEED003_OUT[0])
-    assert_close(column(page, "mean"), [0.2])
+    assert_close(output_table(page)[0], SEED003.output[0])
+    assert_close(column(page, "mean"), SEED003.mean[:1])
     assert list(series(page, "plot-after")) == ["row all"]
 
 
@@ -204,16 +197,25 @@ def test_k_beyond_the_rank_is_refused_before_sending(page: Page) -> None:
 
 
 BAD_NORMALIZE = [
-    pytest.param({"#data": "[[0.2, 0.1, 0.3], [0.5, 0.1]]"}, 422, "data: row 1 has 2 elements", id="ragged-data"),
-    pytest.param({"#data": "[[1, 2,]]"}, 400, "body: not valid JSON", id="invalid-json"),
-    pytest.param({"#eps": "0"}, 422, "eps:", id="eps-zero"),
-    pytest.param({"#gamma": "[1, 2]"}, 422, "gamma: shape [2] does not match normalized_shape [3]", id="gamma-shape"),
+    pytest.param(
+        {"#data": "[[0.2, 0.1, 0.3], [0.5, 0.1]]"}, 422, "data: row 1 has 2 elements, expected 3", id="ragged-data"
+    ),
+    pytest.param(
+        {"#data": "[[1, 2,]]"},
+        400,
+        "body: not valid JSON (trailing comma is not allowed: line 1 column 16 (char 15))",
+        id="invalid-json",
+    ),
+    pytest.param({"#eps": "0"}, 422, "eps: expected a finite number > 0, got 0.0", id="eps-zero"),
+    pytest.param(
+        {"#gamma": "[1, 2]"}, 422, "gamma: shape [2] does not match the normalized dims of data, [3]", id="gamma-shape"
+    ),
 ]
 
 
-@pytest.mark.parametrize(("fields", "status", "names"), BAD_NORMALIZE)
+@pytest.mark.parametrize(("fields", "status", "error"), BAD_NORMALIZE)
 def test_invalid_normalize_input_shows_the_services_error(
-    page: Page, server: str, fields: dict[str, str], status: int, names: str
+    page: Page, server: str, fields: dict[str, str], status: int, error: str
 ) -> None:
     page.click("#example-seed003")
     page.click("#affine summary")
@@ -227,7 +229,7 @@ def test_invalid_normalize_input_shows_the_services_error(
     )
     assert direct.status_code == status
     message = direct.json()["error"]
-    assert names in message
+    assert message == error
     shown = page.text_content("#error") or ""
     assert page.is_visible("#error") and shown.startswith(str(status)) and shown.endswith(": " + message), shown
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from app.server.statistics import STAGES, InferTimer, Stats
+from app.server.statistics import STAGES, InferTimer, Statistics
 
 
 def _timed() -> InferTimer:
@@ -19,7 +19,7 @@ def _timed() -> InferTimer:
 
 
 def test_report_of_an_unused_model_is_all_zeros_in_tritons_shape() -> None:
-    (entry,) = Stats().report([("layernorm", "1")])["model_stats"]
+    (entry,) = Statistics().report([("layernorm", "1")])["model_stats"]
     assert entry["name"] == "layernorm" and entry["version"] == "1" and entry["batch_stats"] == []
     assert entry["last_inference"] == entry["inference_count"] == entry["execution_count"] == 0
     assert set(entry["inference_stats"]) >= {"success", "fail", *STAGES}
@@ -27,19 +27,33 @@ def test_report_of_an_unused_model_is_all_zeros_in_tritons_shape() -> None:
 
 
 def test_success_adds_each_stage_once_and_stages_sum_to_at_most_the_total() -> None:
-    stats = Stats()
+    stats = Statistics()
     stats.record_success("m", "1", _timed())
     (entry,) = stats.report([("m", "1")])["model_stats"]
     inf = entry["inference_stats"]
-    assert entry["inference_count"] == entry["execution_count"] == inf["success"]["count"] == 1
+    assert entry["inference_count"] == inf["success"]["count"] == 1
+    assert entry["execution_count"] == 0  # executions are onnxruntime runs, recorded as they happen
     assert all(inf[s]["count"] == 1 and inf[s]["ns"] >= 1_000_000 for s in STAGES)
     assert sum(inf[s]["ns"] for s in STAGES) <= inf["success"]["ns"]
     assert abs(entry["last_inference"] - time.time() * 1000) < 5_000  # ms since the epoch
     assert inf["fail"] == {"count": 0, "ns": 0}
 
 
+def test_executions_count_runs_per_batch_size_apart_from_requests() -> None:
+    stats = Statistics()
+    for rows, ns in [(3, 100), (1, 10), (3, 200)]:  # two requests merged into one run of 3 rows, then one alone
+        stats.record_execution("m", "1", rows, ns)
+    (entry,) = stats.report([("m", "1")])["model_stats"]
+    assert (entry["execution_count"], entry["inference_count"]) == (3, 0)
+    zero = {"count": 0, "ns": 0}
+    assert entry["batch_stats"] == [
+        {"batch_size": 1, "compute_input": zero, "compute_infer": {"count": 1, "ns": 10}, "compute_output": zero},
+        {"batch_size": 3, "compute_input": zero, "compute_infer": {"count": 2, "ns": 300}, "compute_output": zero},
+    ]
+
+
 def test_failure_counts_only_as_a_failure() -> None:
-    stats = Stats()
+    stats = Statistics()
     timer = InferTimer()
     timer.mark("queue")  # failed while decoding: the stages it passed are not counted either
     stats.record_failure("m", "1", timer)
@@ -50,7 +64,7 @@ def test_failure_counts_only_as_a_failure() -> None:
 
 @pytest.mark.parametrize("threads", [2, 8])
 def test_concurrent_updates_are_counted_exactly(threads: int) -> None:
-    stats, per_thread, timer = Stats(), 500, _timed()
+    stats, per_thread, timer = Statistics(), 500, _timed()
 
     def work() -> None:
         for i in range(per_thread):
@@ -68,7 +82,7 @@ def test_concurrent_updates_are_counted_exactly(threads: int) -> None:
 
 
 def test_versions_are_kept_apart() -> None:
-    stats = Stats()
+    stats = Statistics()
     stats.record_success("m", "1", _timed())
     one, two = stats.report([("m", "1"), ("m", "2")])["model_stats"]
     assert (one["version"], one["inference_count"]) == ("1", 1)

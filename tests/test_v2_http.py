@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
+import json
 import shutil
 import socket
 import struct
@@ -16,15 +18,16 @@ import httpx
 import numpy as np
 import orjson
 import pytest
-from golden import SEED003_X
 from live_server import MODELS, live_server
 
 from app.core.runtime import Runtime
+from app.core.seeds import SEED003
 
 LN = "/v2/models/layernorm/infer"
 ENC = "/v2/models/encoder/infer"
 D = 128  # d_model of the default export
 HEADER = "Inference-Header-Content-Length"
+SEED003_X = np.asarray(SEED003.x).tolist()  # seed 003's input, as JSON lists
 
 
 def _json(*inputs: dict[str, Any], **fields: Any) -> bytes:
@@ -53,26 +56,47 @@ def _assert_error(r: httpx.Response, status: int, message: str) -> None:
     assert r.status_code == status, r.text
     assert r.headers["content-type"] == "application/json"
     assert '{"detail"' not in r.text
-    assert list(r.json()) == ["error"] and message in r.json()["error"], r.text
+    assert r.json() == {"error": message}, r.text
 
 
 ROW_F32 = np.array([1, 2, 3], np.float32).tobytes()
 
 ERRORS = [
-    pytest.param(LN, b"{not json", {}, 400, "body: not valid JSON", id="not-json"),
+    pytest.param(
+        LN,
+        b"{not json",
+        {},
+        400,
+        "body: not valid JSON (unexpected character, expected a string key: line 1 column 2 (char 1))",
+        id="not-json",
+    ),
     pytest.param(
         LN,
         b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1], "data": [NaN]}]}',
         {},
         400,
-        "body: not valid JSON",
+        "body: not valid JSON (unexpected character, expected a JSON value: line 1 column 74 (char 73))",
         id="nan-token",
     ),
-    pytest.param(LN, b"[" * 150_000 + b"]" * 150_000, {}, 400, "body: not valid JSON", id="nested-150000"),
-    pytest.param(LN, b"[1]", {}, 400, "body: expected a JSON object", id="not-object"),
-    pytest.param(LN, b"{}", {}, 400, "inputs: expected a non-empty list", id="no-inputs"),
-    pytest.param(LN, _json(_fp32([1.0]), colour=1), {}, 400, "colour: unknown field", id="unknown-field"),
-    pytest.param(LN, _json(_fp32([1.0]), id=5), {}, 400, "id: expected a string", id="id-not-string"),
+    pytest.param(
+        LN,
+        b"[" * 150_000 + b"]" * 150_000,
+        {},
+        400,
+        "body: not valid JSON (depth limit exceeded: line 1 column 1026 (char 1025))",
+        id="nested-150000",
+    ),
+    pytest.param(LN, b"[1]", {}, 400, "body: expected a JSON object with `inputs`", id="not-object"),
+    pytest.param(LN, b"{}", {}, 400, "inputs: expected a non-empty list of input tensors", id="no-inputs"),
+    pytest.param(
+        LN,
+        _json(_fp32([1.0]), colour=1),
+        {},
+        400,
+        "colour: unknown field; expected only id, parameters, inputs, outputs",
+        id="unknown-field",
+    ),
+    pytest.param(LN, _json(_fp32([1.0]), id=5), {}, 400, "id: expected a string, got 5", id="id-not-string"),
     pytest.param(
         LN,
         _json(_fp32([[1, 2, 3], [4, 5]], [2, 3])),
@@ -81,23 +105,45 @@ ERRORS = [
         "inputs.input.data: row 1 has 2 elements, expected 3",
         id="ragged",
     ),
-    pytest.param(LN, _json(_fp32([1.0], [])), {}, 400, "inputs.input.shape: rank 0", id="rank0-shape"),
+    pytest.param(
+        LN,
+        _json(_fp32([1.0], [])),
+        {},
+        400,
+        "inputs.input.shape: rank 0; expected 1..32 (NORMSERVE_MAX_DEPTH)",
+        id="rank0-shape",
+    ),
     pytest.param(
         LN,
         _json(_fp32(5, [1])),
         {},
         400,
-        "inputs.input.data: expected a nested array of numbers of rank >= 1",
+        "inputs.input.data: expected a nested array of numbers of rank >= 1, got a scalar",
         id="rank0-data",
     ),
     pytest.param(
-        LN, _json(_fp32([[]], [1, 0])), {}, 400, "inputs.input.shape: [1, 0] has a dimension < 1", id="empty-dim"
+        LN,
+        _json(_fp32([[]], [1, 0])),
+        {},
+        400,
+        "inputs.input: dimension 1 is empty (shape [1, 0]); every dimension needs >= 1",
+        id="empty-dim",
     ),
     pytest.param(
-        LN, _json(_fp32([1, "x"], [2])), {}, 400, "inputs.input.data: element [1] is a string", id="non-numeric"
+        LN,
+        _json(_fp32([1, "x"], [2])),
+        {},
+        400,
+        "inputs.input.data: element [1] is a string, expected a number",
+        id="non-numeric",
     ),
     pytest.param(
-        LN, _json(_fp32([1, True], [2])), {}, 400, "inputs.input.data: booleans are not numbers", id="boolean"
+        LN,
+        _json(_fp32([1, True], [2])),
+        {},
+        400,
+        "inputs.input.data: booleans are not numbers; expected an array of numbers",
+        id="boolean",
     ),
     pytest.param(
         LN,
@@ -108,14 +154,19 @@ ERRORS = [
         id="wrong-count",
     ),
     pytest.param(
-        LN, _json(_fp32([1.0], ["1"])), {}, 400, "inputs.input.shape: expected a list of integers", id="shape-type"
+        LN,
+        _json(_fp32([1.0], ["1"])),
+        {},
+        400,
+        "inputs.input.shape: expected a list of integers, got ['1']",
+        id="shape-type",
     ),
     pytest.param(
         ENC,
         _json(_fp32([[[1.0, 2.0]]])),
         {},
         400,
-        "inputs.input: shape [1, 1, 2] does not match the model's [-1, -1, 128]",
+        "inputs.input: last dimension is 2, expected d_model = 128",
         id="encoder-shape",
     ),
     pytest.param(
@@ -123,7 +174,7 @@ ERRORS = [
         _json(_fp32([1e39, 1.0])),
         {},
         400,
-        "inputs.input.data: element [0] = 1e+39 is outside float32",
+        "inputs.input: element [0] = 1e+39 is outside float32's finite range (|x| <= 3.402823e+38)",
         id="float32-range",
     ),
     pytest.param(
@@ -131,7 +182,7 @@ ERRORS = [
         _json(_fp32([1e39, 1.0], datatype="FP64")),
         {},
         400,
-        "element [0] = 1e+39 is outside float32",
+        "inputs.input: element [0] = 1e+39 is outside float32's finite range (|x| <= 3.402823e+38)",
         id="fp64-range",
     ),
     pytest.param(
@@ -155,7 +206,7 @@ ERRORS = [
         _json(_fp32([[[0.0] * D]]), _fp32([[1]], name="padding_mask", datatype="BOOL")),
         {},
         400,
-        "inputs.padding_mask.data: expected an array of booleans",
+        "inputs.padding_mask.data: expected an array of booleans (true/false)",
         id="mask-not-bool",
     ),
     pytest.param(
@@ -163,11 +214,16 @@ ERRORS = [
         _json(_fp32([1.0], name="colour")),
         {},
         400,
-        "inputs.colour: unknown input for model 'layernorm'",
+        "inputs.colour: unknown input for model 'layernorm'; expected input, gamma, beta",
         id="unknown-input",
     ),
     pytest.param(
-        LN, _json(_fp32([1.0], name="gamma")), {}, 400, "inputs.input: required input missing", id="missing-input"
+        LN,
+        _json(_fp32([1.0], name="gamma")),
+        {},
+        400,
+        "inputs.input: required input missing for model 'layernorm'",
+        id="missing-input",
     ),
     pytest.param(LN, _json(_fp32([1.0]), _fp32([1.0])), {}, 400, "inputs.input: given twice", id="duplicate-input"),
     pytest.param(
@@ -175,7 +231,7 @@ ERRORS = [
         _json(_fp32([[1.0, 2.0]]), _fp32([1.0, 2.0, 3.0], name="gamma")),
         {},
         400,
-        "inputs.gamma: shape [3] does not match input's last 1 dims [2]",
+        "inputs.gamma: shape [3] does not match the normalized dims of inputs.input, [2]",
         id="gamma-shape",
     ),
     pytest.param(
@@ -183,7 +239,7 @@ ERRORS = [
         _json(_fp32([1.0, 2.0]), parameters={"eps_mode": "rms"}),
         {},
         400,
-        "parameters.eps_mode: expected 'var' or 'std'",
+        "parameters.eps_mode: expected 'var' or 'std', got 'rms'",
         id="eps-mode",
     ),
     pytest.param(
@@ -191,7 +247,7 @@ ERRORS = [
         _json(_fp32([1.0, 2.0]), parameters={"colour": 1}),
         {},
         400,
-        "colour: unknown parameter for model 'layernorm'",
+        "colour: unknown parameter for model 'layernorm'; expected one of eps, eps_mode, normalized_ndim, binary_data_output, sequence_id, sequence_start, sequence_end, priority, timeout",
         id="unknown-param",
     ),
     pytest.param(
@@ -199,7 +255,7 @@ ERRORS = [
         _json(_fp32([[[0.0] * D]]), parameters={"eps": 1}),
         {},
         400,
-        "eps: unknown parameter for model 'encoder'",
+        "eps: unknown parameter for model 'encoder'; expected one of binary_data_output, sequence_id, sequence_start, sequence_end, priority, timeout",
         id="encoder-param",
     ),
     pytest.param(
@@ -207,7 +263,7 @@ ERRORS = [
         _json(_fp32([1.0, 2.0]), parameters={"eps": 0}),
         {},
         400,
-        "parameters.eps: expected a number > 0",
+        "parameters.eps: expected a finite number > 0, got 0",
         id="eps-zero",
     ),
     pytest.param(
@@ -215,7 +271,7 @@ ERRORS = [
         _json(_fp32([1.0, 2.0]), parameters={"eps": -1e-5}),
         {},
         400,
-        "parameters.eps: expected a number > 0",
+        "parameters.eps: expected a finite number > 0, got -1e-05",
         id="eps-negative",
     ),
     pytest.param(
@@ -223,7 +279,7 @@ ERRORS = [
         _json(_fp32([1.0, 2.0]), parameters={"eps": "1e-5"}),
         {},
         400,
-        "parameters.eps: expected a number > 0",
+        "parameters.eps: expected a finite number > 0, got '1e-5'",
         id="eps-string",
     ),
     pytest.param(
@@ -231,7 +287,7 @@ ERRORS = [
         _json(_fp32([[1.0, 2.0]]), parameters={"normalized_ndim": 0}),
         {},
         400,
-        "parameters.normalized_ndim: expected an integer in 1..2",
+        "parameters.normalized_ndim: expected an integer in 1..2 (the input's rank), got 0",
         id="k-zero",
     ),
     pytest.param(
@@ -239,7 +295,7 @@ ERRORS = [
         _json(_fp32([[1.0, 2.0]]), parameters={"normalized_ndim": 3}),
         {},
         400,
-        "parameters.normalized_ndim: expected an integer in 1..2",
+        "parameters.normalized_ndim: expected an integer in 1..2 (the input's rank), got 3",
         id="k-over-rank",
     ),
     pytest.param(
@@ -247,7 +303,7 @@ ERRORS = [
         _json(_fp32([1.0, 2.0]), parameters={"binary_data_output": 1}),
         {},
         400,
-        "parameters.binary_data_output: expected true or false",
+        "parameters.binary_data_output: expected true or false, got 1",
         id="binary-output-type",
     ),
     pytest.param(
@@ -255,7 +311,7 @@ ERRORS = [
         _json(_fp32([0.0, 0.0, 0.0, 1.0]), _fp32([3e38] * 4, name="gamma")),
         {},
         400,
-        "output: the result is not finite in float32",
+        "output: the result is not finite in FP32 (it overflows); scale the input or gamma down, or use a larger eps",
         id="result-overflow",
     ),
     pytest.param(
@@ -263,7 +319,7 @@ ERRORS = [
         _json(_fp32([1.0, 1.0]), parameters={"eps": 1e-45, "eps_mode": "std"}),
         {},
         400,
-        "outputs.inv_std_dev: the result is not finite in FP32",
+        "outputs.inv_std_dev: the result is not finite in FP32 (it overflows); scale the input or gamma down, or use a larger eps",
         id="inv-std-overflow",
     ),
     pytest.param(
@@ -271,7 +327,7 @@ ERRORS = [
         _json(_fp32([1.0]), outputs=[{"name": "var"}]),
         {},
         400,
-        "outputs[0]: unknown output 'var'",
+        "outputs[0]: unknown output 'var'; expected one of output, mean, inv_std_dev",
         id="unknown-output",
     ),
     pytest.param(
@@ -279,18 +335,23 @@ ERRORS = [
         _json(_fp32([1.0]), outputs=[{"name": "mean", "parameters": {"classification": 2}}]),
         {},
         400,
-        "outputs.mean: parameters {'classification': 2} are not supported",
+        "outputs.mean: parameters {'classification': 2} are not supported; only binary_data is",
         id="classification",
     ),
     pytest.param(
-        "/v2/models/gpt/infer", _json(_fp32([1.0])), {}, 404, "model: unknown model 'gpt'", id="unknown-model"
+        "/v2/models/gpt/infer",
+        _json(_fp32([1.0])),
+        {},
+        404,
+        "model: unknown model 'gpt'; available: encoder, encoder-preln, layernorm",
+        id="unknown-model",
     ),
     pytest.param(
         "/v2/models/layernorm/versions/2/infer",
         _json(_fp32([1.0])),
         {},
         404,
-        "version: model 'layernorm' has no version '2'",
+        "version: model 'layernorm' has no version '2'; available: 1",
         id="unknown-version",
     ),
     # The binary tensor layout.
@@ -298,21 +359,21 @@ ERRORS = [
         LN,
         *_binary([("input", "FP32", [3], np.array([1, np.nan, 3], np.float32).tobytes())]),
         400,
-        "inputs.input: element [1] = nan is outside float32",
+        "inputs.input: element [1] = nan is outside float32's finite range (|x| <= 3.402823e+38)",
         id="binary-nan",
     ),
     pytest.param(
         LN,
         *_binary([("input", "FP64", [2], np.array([1, np.inf]).tobytes())]),
         400,
-        "inputs.input: element [1] = inf is outside float32",
+        "inputs.input: element [1] = inf is outside float32's finite range (|x| <= 3.402823e+38)",
         id="binary-fp64-inf",
     ),
     pytest.param(
         LN,
         *_binary([("input", "FP64", [2], np.array([1, 1e39]).tobytes())]),
         400,
-        "inputs.input: element [1] = 1e+39 is outside float32",
+        "inputs.input: element [1] = 1e+39 is outside float32's finite range (|x| <= 3.402823e+38)",
         id="binary-fp64-range",
     ),
     pytest.param(
@@ -335,7 +396,7 @@ ERRORS = [
         _binary([("input", "FP32", [3], ROW_F32)])[0],
         {HEADER: "100000"},
         400,
-        "Inference-Header-Content-Length: 100000 exceeds the body's",
+        "Inference-Header-Content-Length: 100000 exceeds the body's 108 bytes (after decompression)",
         id="header-longer-than-body",
     ),
     pytest.param(
@@ -343,7 +404,7 @@ ERRORS = [
         _binary([("input", "FP32", [3], ROW_F32)])[0] + b"\0",
         _binary([("input", "FP32", [3], ROW_F32)])[1],
         400,
-        "binary_data_size: the inputs' binary_data_size add up to 12 bytes, but 13 follow",
+        "binary_data_size: the inputs' binary_data_size add up to 12 bytes, but 13 follow the JSON header",
         id="bytes-left-over",
     ),
     pytest.param(
@@ -351,7 +412,7 @@ ERRORS = [
         _binary([("input", "FP32", [3], ROW_F32)])[0][:-1],
         _binary([("input", "FP32", [3], ROW_F32)])[1],
         400,
-        "inputs.input.parameters.binary_data_size: 12 bytes declared, but only 11 follow",
+        "inputs.input.parameters.binary_data_size: 12 bytes declared, but only 11 follow (is Inference-Header-Content-Length set?)",
         id="bytes-missing",
     ),
     pytest.param(
@@ -380,14 +441,22 @@ def test_error_row(
 
 
 def test_deep_nesting_is_400_and_the_server_keeps_serving(client: httpx.Client) -> None:
-    _assert_error(client.post(LN, content=b"[" * 150_000 + b"]" * 150_000), 400, "not valid JSON")
+    _assert_error(
+        client.post(LN, content=b"[" * 150_000 + b"]" * 150_000),
+        400,
+        "body: not valid JSON (depth limit exceeded: line 1 column 1026 (char 1025))",
+    )
     assert client.post(LN, content=_json(_fp32(SEED003_X))).status_code == 200
 
 
 def test_gzip_bomb_is_413_after_decompression(client: httpx.Client) -> None:
     bomb = gzip.compress(_json(_fp32([0.0]))[:-3] + b"0," * (40 * 1024 * 1024), compresslevel=9)
     assert len(bomb) < 1024 * 1024
-    _assert_error(client.post(LN, content=bomb, headers={"Content-Encoding": "gzip"}), 413, "after decompression")
+    _assert_error(
+        client.post(LN, content=bomb, headers={"Content-Encoding": "gzip"}),
+        413,
+        "body: body exceeds 67108864 bytes (NORMSERVE_MAX_BODY_BYTES) after decompression",
+    )
 
 
 def test_content_length_over_limit_is_413_before_the_body_is_read(server: str) -> None:
@@ -400,7 +469,7 @@ def test_content_length_over_limit_is_413_before_the_body_is_read(server: str) -
             reply += chunk
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413")
-    assert b"body exceeds 67108864 bytes" in body and b'"detail"' not in body
+    assert orjson.loads(body) == {"error": "body: body exceeds 67108864 bytes (NORMSERVE_MAX_BODY_BYTES)"}
 
 
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/octet-stream"])
@@ -506,18 +575,35 @@ def test_encoder_equals_post_encode(client: httpx.Client, runtime: Runtime, mode
         ("/v2/models/encoder/versions/1/ready", 200, {"name": "encoder", "ready": True}),
         ("/v2/models/encoder/versions/1", 200, None),
         ("/v2/models/layernorm/versions/1/stats", 200, None),
-        ("/v2/models/gpt", 404, None),
-        ("/v2/models/gpt/ready", 404, None),
-        ("/v2/models/layernorm/versions/2", 404, None),
-        ("/v2/models/layernorm/versions/2/ready", 404, None),
-        ("/v2/models/gpt/stats", 404, None),
+        ("/v2/models/gpt", 404, {"error": "model: unknown model 'gpt'; available: encoder, encoder-preln, layernorm"}),
+        (
+            "/v2/models/gpt/ready",
+            404,
+            {"error": "model: unknown model 'gpt'; available: encoder, encoder-preln, layernorm"},
+        ),
+        (
+            "/v2/models/layernorm/versions/2",
+            404,
+            {"error": "version: model 'layernorm' has no version '2'; available: 1"},
+        ),
+        (
+            "/v2/models/layernorm/versions/2/ready",
+            404,
+            {"error": "version: model 'layernorm' has no version '2'; available: 1"},
+        ),
+        (
+            "/v2/models/gpt/stats",
+            404,
+            {"error": "model: unknown model 'gpt'; available: encoder, encoder-preln, layernorm"},
+        ),
     ],
 )
 def test_metadata_routes(client: httpx.Client, path: str, status: int, body: dict[str, Any] | None) -> None:
     r = client.get(path)
     assert r.status_code == status, r.text
     if status == 404:
-        _assert_error(r, 404, "unknown model" if "gpt" in path else "has no version '2'")
+        assert body is not None
+        _assert_error(r, 404, body["error"])
     elif body is not None:
         assert r.json() == body
 
@@ -527,6 +613,9 @@ def test_not_ready_server_answers_503_on_every_model_route(tmp_path: Path) -> No
     shutil.copytree(MODELS, models)
     with (models / "layernorm.onnx").open("ab") as f:
         f.write(b"\0")  # sha256 mismatch: loading stops there, the encoders before it are loaded
+    tampered = hashlib.sha256((models / "layernorm.onnx").read_bytes()).hexdigest()
+    manifest = json.loads((models / "manifest.json").read_text())["models"]["layernorm"]["sha256"]
+    reason = f"model check failed: {models}/layernorm.onnx: sha256 {tampered} does not match the manifest's {manifest}"
     with live_server({"NORMSERVE_MODEL_DIR": str(models)}, wait_ready=False) as base, httpx.Client(base_url=base) as c:
         for _ in range(100):
             if "model check failed" in c.get("/v2/health/ready").text:
@@ -534,5 +623,6 @@ def test_not_ready_server_answers_503_on_every_model_route(tmp_path: Path) -> No
             time.sleep(0.05)
         ready = c.get("/v2/models/encoder/ready")
         assert ready.status_code == 503 and ready.json()["ready"] is False and ready.headers["retry-after"] == "1"
-        _assert_error(c.get("/v2/models/layernorm"), 503, "server is not ready: model check failed")
-        _assert_error(c.post(ENC, content=_json(_fp32([[[0.0] * D]]))), 503, "server is not ready: model check failed")
+        assert ready.json()["error"] == f"not ready: {reason}"
+        _assert_error(c.get("/v2/models/layernorm"), 503, f"server is not ready: {reason}")
+        _assert_error(c.post(ENC, content=_json(_fp32([[[0.0] * D]]))), 503, f"server is not ready: {reason}")

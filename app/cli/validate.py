@@ -8,6 +8,8 @@ eps modes, gamma/beta, one and two normalized dims); the encoders' weights stay 
 
 from __future__ import annotations
 
+import argparse
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -19,8 +21,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from app.core import dataplane, reference
-from app.core.runtime import ModelLoadError, Runtime
+from app.core import reference
+from app.core.layernorm import FLOAT32_ULP, NORMALIZE_ATOL
+from app.core.model import ModelLoadError
+from app.core.runtime import MANIFEST
+from app.server.worker import Worker
 from app.settings import Settings
 
 SEED = 20261122
@@ -55,31 +60,26 @@ Step = tuple[str, Callable[[], list[Check]]]
 
 
 def in_process_plan(model_dir: Path, atol: float | None = None) -> list[Step]:
-    """Load model_dir as a worker does (sha256, sessions), then run the start-up parity warm-up."""
-    if not (model_dir / "manifest.json").is_file():  # checked before any step: a plain one-line error
+    """The steps of Worker.start, one by one: load model_dir (sha256, sessions), then the parity warm-up."""
+    if not (model_dir / MANIFEST).is_file():  # checked before any step: a plain one-line error
         raise ValidateError(f"{model_dir}: no manifest.json; run `normserve export` or pass --model-dir")
-    runtime = Runtime(Settings(model_dir=model_dir))
+    worker = Worker(Settings(model_dir=model_dir))
 
     def load() -> list[Check]:
         try:
-            runtime.load()
+            worker.load()
         except (ModelLoadError, OSError, ValueError, KeyError) as e:
             raise ValidateError(str(e)) from None
         return []
 
     def warm_up() -> list[Check]:
-        figures = dataplane.warm_up(runtime)  # ModelLoadError past its own tolerance: the CLI reports it
+        figures = worker.warm_up()  # ModelLoadError past its own tolerance: the CLI reports it
         return [
-            Check(name, "warm-up vs NumPy", diff, _warm_up_atol(runtime, name) if atol is None else atol)
-            for name, diff in figures.items()
+            Check(name, "warm-up vs NumPy", diff, own if atol is None else atol)
+            for name, (diff, own) in figures.items()
         ]
 
     return [(f"verifying sha256 and loading {model_dir}", load), ("parity warm-up against NumPy", warm_up)]
-
-
-def _warm_up_atol(runtime: Runtime, name: str) -> float:
-    # The tolerances dataplane.warm_up applies: 1e-5 times the largest |gamma| bound (2) for layernorm.
-    return 2 * dataplane.NORMALIZE_ATOL if runtime.models[name].kind == "layernorm" else runtime.settings.validate_atol
 
 
 def remote_plan(url: str, atol: float | None = None) -> list[Step]:
@@ -116,7 +116,7 @@ def _normalize_case(rng: np.random.Generator, case: tuple[Any, ...]) -> tuple[di
     ref = reference.layer_norm(x32, k, eps, mode, gamma, beta).output
     gamma_max = 1.0 if gamma is None else max(1.0, float(np.abs(gamma).max()))
     # The service's own promise (dataplane): 1e-5 x max(1, |gamma|) plus half an ulp of the largest output.
-    atol = dataplane.NORMALIZE_ATOL * gamma_max + dataplane.FLOAT32_ULP * float(np.abs(ref).max())
+    atol = NORMALIZE_ATOL * gamma_max + FLOAT32_ULP * float(np.abs(ref).max())
     return doc, (ref, atol)
 
 
@@ -180,3 +180,46 @@ def _error_of(body: bytes) -> str:
         return str(orjson.loads(body)["error"])
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return body[:200].decode("utf-8", "replace") or "no body"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="normserve validate",
+        description="Check every model against the NumPy reference and print a parity table: in process "
+        "(sha256 checks and the start-up parity warm-up), or against a running server with --url.",
+        epilog="Exit status: 0 when every check passes, 1 when one fails, 2 when they cannot run "
+        "(no models, unreachable server, unexpected answer).",
+    )
+    p.add_argument("--url", help="base URL of a running server, e.g. http://127.0.0.1:8000 (default: in process)")
+    p.add_argument("--model-dir", type=Path, default=Settings().model_dir, help="models to check in process")
+    p.add_argument(
+        "--atol",
+        type=float,
+        help="one tolerance for every check (default: each check's own: 1e-5 x max(1, |gamma|) "
+        "plus half a float32 ulp for layernorm, NORMSERVE_VALIDATE_ATOL for the encoders)",
+    )
+    return p
+
+
+def command(argv: list[str]) -> int:
+    """`normserve validate`: run the plan step by step, print the parity table; exit 0, 1 (a check failed) or 2."""
+    args = _parser().parse_args(argv)
+    from app.cli import console
+
+    checks: list[Check] = []
+    try:
+        plan = remote_plan(args.url, args.atol) if args.url else in_process_plan(args.model_dir, args.atol)
+        with console.Steps("validate", total=len(plan)) as step:
+            for description, run in plan:
+                step(description)
+                checks += run()
+    except ValidateError as e:
+        print(f"normserve validate: error: {e}", file=sys.stderr)
+        return 2
+    except ModelLoadError as e:  # the warm-up stops at a model past its own tolerance
+        print(f"normserve validate: FAIL: {e}", file=sys.stderr)
+        return 1
+    failed = sum(not c.passed for c in checks)
+    console.stdout.print(console.parity_table(checks, f"parity against NumPy: {args.url or args.model_dir}"))
+    console.stdout.print(f"{failed} of {len(checks)} checks failed" if failed else f"all {len(checks)} checks passed")
+    return 1 if failed else 0

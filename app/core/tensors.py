@@ -56,21 +56,20 @@ def decode_json_tensor(
     max_elements: int,
     max_depth: int,
     may_hold_bools: bool = True,
-    dtype: np.dtype[Any] | type = np.float32,
+    boolean: bool = False,
 ) -> np.ndarray:
-    """A nested JSON array of numbers -> a rectangular float32 (or bool) array, or InvalidInput naming the field.
+    """A nested JSON array -> a rectangular array of numbers (or bools), or InvalidInput naming the field.
 
-    may_hold_bools=False is the caller's promise that the raw body has no `true`/`false`
-    token at all, which skips the one check NumPy cannot do (it turns True into 1.0).
-    """
-    dtype = np.dtype(dtype)
-    if isinstance(value, np.ndarray):  # parsed straight into NumPy (app/jsontensors.py): numbers, rectangular
+    Numbers come back as parsed (float64 or int): the data plane's inputs cast them (`to_finite_float`).
+    may_hold_bools=False promises that the body has no `true`/`false` token, which skips the one check
+    NumPy cannot do (it turns True into 1.0)."""
+    if isinstance(value, np.ndarray):  # parsed straight into NumPy (app/core/jsontensors.py): numbers, rectangular
         if value.ndim > max_depth:
             raise InvalidInput(f"nesting deeper than {max_depth} (NORMSERVE_MAX_DEPTH)", field)
-        _check_shape(value.shape, field, max_elements)
-        if dtype.kind == "b":
+        check_shape(value.shape, field, max_elements)
+        if boolean:
             raise InvalidInput("expected an array of booleans (true/false)", field)
-        return to_finite_float(value, field, dtype)
+        return value
     _check_depth(value, field, max_depth)
     try:
         arr = np.asarray(value)
@@ -78,8 +77,8 @@ def decode_json_tensor(
         raise InvalidInput(_describe_mismatch(value), field) from None
     if arr.dtype.kind == "O":
         raise InvalidInput(_describe_mismatch(value), field)
-    _check_shape(arr.shape, field, max_elements)
-    if dtype.kind == "b":
+    check_shape(arr.shape, field, max_elements)
+    if boolean:
         if arr.dtype.kind != "b":
             raise InvalidInput("expected an array of booleans (true/false)", field)
         return arr
@@ -89,24 +88,41 @@ def decode_json_tensor(
         raise InvalidInput(_describe_mismatch(value), field)
     if arr.dtype.kind not in "iuf":
         raise InvalidInput(f"expected an array of numbers, found {_kind_name(arr.dtype)}", field)
-    return to_finite_float(arr, field, dtype)
+    return arr
 
 
-def to_finite_float(arr: np.ndarray, field: str, dtype: np.dtype[Any] | type = np.float32) -> np.ndarray:
-    """Cast to float32 (or float64) and refuse any element outside float32's finite range."""
+def to_finite_float(arr: np.ndarray, field: str) -> np.ndarray:
+    """Cast to float32 (no copy when it already is) and refuse any element outside float32's finite range."""
     with np.errstate(over="ignore", invalid="ignore"):
-        out = np.asarray(arr, dtype=dtype)
+        out = np.asarray(arr, dtype=np.float32)
         # min and max carry any NaN or inf out: no temporaries the size of the tensor unless one is bad.
         if -FLOAT32_MAX <= out.min() and out.max() <= FLOAT32_MAX:
             return out
-        bad = ~np.isfinite(out) if out.dtype == np.float32 else ~(np.abs(out) <= FLOAT32_MAX)
-    if bad.any():
-        index = [int(i) for i in np.argwhere(bad)[0]]
-        value = arr[tuple(index)]
-        raise InvalidInput(
-            f"element {index} = {value} is outside float32's finite range (|x| <= {FLOAT32_MAX:.7g})", field
-        )
-    return out
+        bad = ~np.isfinite(out)
+    index = [int(i) for i in np.argwhere(bad)[0]]
+    value = arr[tuple(index)]
+    raise InvalidInput(f"element {index} = {value} is outside float32's finite range (|x| <= {FLOAT32_MAX:.7g})", field)
+
+
+def check_finite(arr: np.ndarray, field: str, datatype: str = "FP32") -> None:
+    """Refuse a result that does not fit the datatype it is sent in (it overflowed): the one output check."""
+    limit = float(np.finfo(DATATYPES[datatype]).max)
+    # NaN propagates through min and max and fails both comparisons; no temporary the size of the output.
+    if not (-limit <= float(arr.min()) and float(arr.max()) <= limit):
+        hint = "scale the input or gamma down, or use a larger eps"
+        raise InvalidInput(f"the result is not finite in {datatype} (it overflows); {hint}", field)
+
+
+def check_shape(shape: Sequence[int], field: str, max_elements: int) -> None:
+    """Every dimension at least 1, and at most max_elements in all: the one shape check of every tensor."""
+    for i, d in enumerate(shape):
+        if d < 1:
+            raise InvalidInput(
+                f"dimension {i} is {'empty' if d == 0 else d} (shape {list(shape)}); every dimension needs >= 1", field
+            )
+    count = math.prod(shape)
+    if count > max_elements:
+        raise InvalidInput(f"{count} elements exceed the limit of {max_elements} (NORMSERVE_MAX_ELEMENTS)", field)
 
 
 def encode_json_tensor(arr: np.ndarray) -> Any:
@@ -129,14 +145,8 @@ def decode_binary(buffer: memoryview, datatype: str, shape: Sequence[int], field
     return np.frombuffer(buffer, dtype=dt).reshape(shape)
 
 
-def encode_binary(arr: np.ndarray) -> bytes:
-    """An array as raw little-endian row-major bytes."""
-    dt = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
-    return np.ascontiguousarray(arr, dtype=dt).tobytes()
-
-
 def binary_view(arr: np.ndarray) -> memoryview:
-    """encode_binary's bytes as a view of the array (no copy when it is already little-endian and contiguous)."""
+    """An array as raw little-endian row-major bytes: a view, no copy when it is little-endian and contiguous."""
     dt = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
     return np.ascontiguousarray(arr, dtype=dt).data.cast("B")
 
@@ -150,16 +160,6 @@ def _check_depth(value: Any, field: str, max_depth: int) -> None:
         value = value[0] if value else None
     if depth == 0:
         raise InvalidInput("expected a nested array of numbers of rank >= 1, got a scalar", field)
-
-
-def _check_shape(shape: tuple[int, ...], field: str, max_elements: int) -> None:
-    if 0 in shape:
-        raise InvalidInput(
-            f"dimension {shape.index(0)} is empty (shape {list(shape)}); every dimension needs >= 1", field
-        )
-    count = math.prod(shape)
-    if count > max_elements:
-        raise InvalidInput(f"{count} elements exceed the limit of {max_elements} (NORMSERVE_MAX_ELEMENTS)", field)
 
 
 def _holds_bool(value: Any) -> bool:

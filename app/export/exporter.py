@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import hashlib
-import io
 import json
-import logging
-import os
 import shutil
 import sys
 import tempfile
-import warnings
-import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,33 +16,20 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
-from torch import nn
 
 import app
+from app.core import encoder as encoder_kind
+from app.core import layernorm as layernorm_kind
 from app.core.reference import EncoderConfig, layer_norm_names
-from app.export import parity
-from app.export.modules import (
-    LAYERNORM_INPUTS,
-    LAYERNORM_OUTPUTS,
-    CheckpointError,
-    Encoder,
-    RowLayerNorm,
-    Signature,
-    encoder_signature,
-    load_checkpoint,
-    seeded_encoder,
-)
+from app.export import graph, parity
+from app.export.graph import ExportError
+from app.export.modules import CheckpointError, Encoder, RowLayerNorm, load_checkpoint, seeded_encoder
 
 FORMAT_VERSION = 1
 MIN_OPSET = 18
 CONFIG_FLAGS = ("d_model", "num_heads", "d_ff", "num_layers", "max_sequence_length")  # --d-model ...
-_DATATYPES: dict[int, str] = {onnx.TensorProto.FLOAT: "FP32", onnx.TensorProto.BOOL: "BOOL"}
 
 Progress = Callable[[str], None]
-
-
-class ExportError(RuntimeError):
-    """An exported model that is not what the manifest would promise (names, dims, checker)."""
 
 
 class ParityError(ExportError):
@@ -87,27 +67,20 @@ def export_models(
         models = {"layernorm": _export_layernorm(tmp, opset, tolerance, say)}
         for name, model in encoders.items():
             models[name] = _export_encoder(tmp, name, model, opset, tolerance, say)
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "normserve": app.__version__,
-            "versions": _versions(),
-            "models": models,
-        }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        _move_into_place(tmp, out_dir)
+        manifest = _write_manifest(tmp, models)
+        graph.move_into_place(tmp, out_dir)
         say(f"wrote {', '.join(models)} and manifest.json to {out_dir}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
 
 
-def _versions() -> dict[str, str]:
-    return {
-        "torch": torch.__version__,
-        "onnx": onnx.__version__,
-        "onnxruntime": ort.__version__,
-        "numpy": np.__version__,
-    }
+def _write_manifest(tmp: Path, models: dict[str, Any]) -> dict[str, Any]:
+    versions = {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": ort.__version__}
+    versions["numpy"] = np.__version__
+    manifest = {"format_version": FORMAT_VERSION, "normserve": app.__version__, "versions": versions, "models": models}
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
 
 
 def _check_config(cfg: EncoderConfig, opset: int) -> None:
@@ -130,9 +103,9 @@ def _export_layernorm(tmp: Path, opset: int, tolerance: float, say: Progress) ->
     say(f"exporting layernorm (opset {opset}) ...")
     module = RowLayerNorm().eval()
     example = (torch.zeros(4, 8), torch.ones(8), torch.zeros(8), torch.full((4, 1), 1e-5), torch.zeros(4, 1))
-    proto = _to_onnx(module, example, LAYERNORM_INPUTS, LAYERNORM_OUTPUTS, {}, opset)
-    entry = _write_onnx(tmp, "layernorm", "layernorm", proto)
-    session = _session(tmp / entry["file"], LAYERNORM_INPUTS, LAYERNORM_OUTPUTS)
+    proto = graph.to_onnx(module, example, layernorm_kind.INPUTS, layernorm_kind.OUTPUTS, {}, opset)
+    entry = graph.write_onnx(tmp, "layernorm", "layernorm", proto)
+    session = graph.load_session(tmp / entry["file"], layernorm_kind.INPUTS, layernorm_kind.OUTPUTS)
     entry["config"] = {}
     entry["parity"] = _check_parity("layernorm", *parity.layernorm_parity(session, module), tolerance, say)
     return entry
@@ -146,110 +119,18 @@ def _export_encoder(
     # Example sizes above 1 on both axes: torch.export specializes dims it sees as 0 or 1.
     T = min(5, cfg.max_sequence_length)
     example = (torch.zeros(2, T, cfg.d_model), torch.zeros(2, T, dtype=torch.bool))
-    inputs, outputs = encoder_signature(cfg)
-    proto = _to_onnx(model, example, inputs, outputs, {"seq": cfg.max_sequence_length}, opset)
-    entry = _write_onnx(tmp, name, "encoder", proto)
-    session = _session(tmp / entry["file"], inputs, outputs)
+    inputs, outputs = encoder_kind.signature(cfg)
+    proto = graph.to_onnx(model, example, inputs, outputs, {"seq": cfg.max_sequence_length}, opset)
+    entry = graph.write_onnx(tmp, name, "encoder", proto)
+    session = graph.load_session(tmp / entry["file"], inputs, outputs)
     weights = {key: value.detach().numpy() for key, value in model.state_dict().items()}
     weights_file = tmp / f"{name}.npz"
-    _save_npz(weights_file, weights)
+    graph.save_npz(weights_file, weights)
     entry["config"] = dataclasses.asdict(cfg)
-    entry["weights"] = {"file": weights_file.name, "sha256": _sha256(weights_file)}
+    entry["weights"] = {"file": weights_file.name, "sha256": graph.sha256(weights_file)}
     entry["layer_norms"] = layer_norm_names(cfg)
     entry["parity"] = _check_parity(name, *parity.encoder_parity(session, model, weights), tolerance, say)
     return entry
-
-
-def _to_onnx(
-    module: nn.Module,
-    example: tuple[torch.Tensor, ...],
-    inputs: Signature,
-    outputs: Signature,
-    max_dims: dict[str, int],
-    opset: int,
-) -> onnx.ModelProto:
-    """torch.onnx.export through torch.export (dynamo), self-contained, stripped of source paths, checked.
-
-    The named dims of `inputs` become torch.export Dims, one object per name so that axes sharing a name
-    are one symbol (and named so in the graph); max_dims bounds some of them.
-    """
-    axes = {d: torch.export.Dim(d, max=max_dims.get(d)) for _, shape in inputs for d in shape if isinstance(d, str)}
-    dynamic_shapes = tuple({i: axes[d] for i, d in enumerate(shape) if isinstance(d, str)} for _, shape in inputs)
-    with _quiet_torch_export():
-        program = torch.onnx.export(
-            module,
-            example,
-            None,
-            input_names=[name for name, _ in inputs],
-            output_names=[name for name, _ in outputs],
-            opset_version=opset,
-            dynamo=True,
-            dynamic_shapes=dynamic_shapes,
-            external_data=False,
-            optimize=True,
-            verbose=False,
-        )
-    assert program is not None, "torch.onnx.export(dynamo=True) returns an ONNXProgram"
-    proto = program.model_proto
-    for node in proto.graph.node:
-        # Each node carries the Python stack trace that made it: absolute paths of this checkout,
-        # which would make the file (and its sha256) differ from one clone to the next.
-        del node.metadata_props[:]
-        node.doc_string = ""
-    try:
-        onnx.checker.check_model(proto, full_check=True)
-    except onnx.checker.ValidationError as e:
-        raise ExportError(f"onnx.checker rejected the export: {str(e).splitlines()[0]}") from e
-    return proto
-
-
-@contextlib.contextmanager
-def _quiet_torch_export() -> Iterator[None]:
-    """Silence the exporter's own chatter; the result is verified by the checker and parity instead.
-
-    torch 2.13 warns about its internal pytree API and about axis names shared by several inputs
-    (they are kept), and logs that torchvision ops cannot be registered; none concern these models.
-    """
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
-
-
-def _write_onnx(tmp: Path, name: str, kind: str, proto: onnx.ModelProto) -> dict[str, Any]:
-    path = tmp / f"{name}.onnx"
-    path.write_bytes(proto.SerializeToString())
-    opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
-    return {
-        "name": name,
-        "version": "1",
-        "kind": kind,
-        "file": path.name,
-        "sha256": _sha256(path),
-        "opset": opset,
-        "inputs": [_tensor_spec(v) for v in proto.graph.input],
-        "outputs": [_tensor_spec(v) for v in proto.graph.output],
-    }
-
-
-def _tensor_spec(value: onnx.ValueInfoProto) -> dict[str, Any]:
-    tensor = value.type.tensor_type
-    shape = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
-    return {"name": value.name, "datatype": _DATATYPES[tensor.elem_type], "shape": shape}
-
-
-def _session(path: Path, inputs: Signature, outputs: Signature) -> ort.InferenceSession:
-    """Load the written file as the server will, and insist on the exact names and (named) dims."""
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    for expected, got in ((inputs, session.get_inputs()), (outputs, session.get_outputs())):
-        if [(v.name, list(v.shape)) for v in got] != expected:
-            raise ExportError(f"{path.name}: graph has {[(v.name, v.shape) for v in got]}, expected {expected}")
-    return session
 
 
 def _check_parity(
@@ -262,26 +143,6 @@ def _check_parity(
             f"tolerance {tolerance:.0e}; nothing written"
         )
     return {"onnx_vs_torch": vs_torch, "onnx_vs_numpy": vs_numpy, "tolerance": tolerance, "inputs": description}
-
-
-def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """np.savez's format, with fixed zip timestamps so that the same weights give the same sha256."""
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
-        for key, array in arrays.items():
-            buffer = io.BytesIO()
-            np.lib.format.write_array(buffer, np.ascontiguousarray(array, dtype=np.float32), allow_pickle=False)
-            archive.writestr(zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0)), buffer.getvalue())
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _move_into_place(tmp: Path, out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # The manifest goes last: it vouches for the files, so they must be in place before it is.
-    for path in sorted(tmp.iterdir(), key=lambda p: (p.name == "manifest.json", p.name)):
-        os.replace(path, out_dir / path.name)
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

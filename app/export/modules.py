@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from app.core.reference import MASKED_SCORE, EncoderConfig, layer_norm_names, positional_encoding
+from app.core.reference import MASKED_SCORE, EncoderConfig, positional_encoding
 
 Stats = list[tuple[Tensor, Tensor]]  # (mean (B,T), std (B,T)) of each LayerNorm's input, in execution order
 
@@ -139,32 +139,6 @@ class Encoder(nn.Module):
         if self.norm is not None:
             x = self.norm(x, stats)
         return (x, *(t for mean_std in stats for t in mean_std))
-
-
-# ---- the ONNX signatures of these modules: the serving code's contract ----
-
-Signature = list[tuple[str, list[str | int]]]  # (name, shape) in graph order; a str dim is a named dynamic axis
-
-LAYERNORM_INPUTS: Signature = [
-    ("input", ["rows", "cols"]),
-    ("gamma", ["cols"]),
-    ("beta", ["cols"]),
-    ("eps_var", ["rows", 1]),
-    ("eps_std", ["rows", 1]),
-]
-LAYERNORM_OUTPUTS: Signature = [("output", ["rows", "cols"]), ("mean", ["rows", 1]), ("inv_std_dev", ["rows", 1])]
-
-
-def encoder_output_names(cfg: EncoderConfig) -> list[str]:
-    """`output`, then `{name}.mean` and `{name}.std` for each LayerNorm in execution order."""
-    return ["output"] + [f"{name}.{stat}" for name in layer_norm_names(cfg) for stat in ("mean", "std")]
-
-
-def encoder_signature(cfg: EncoderConfig) -> tuple[Signature, Signature]:
-    """Inputs and outputs of an exported encoder; batch and seq are dynamic."""
-    inputs: Signature = [("input", ["batch", "seq", cfg.d_model]), ("padding_mask", ["batch", "seq"])]
-    stats: Signature = [(name, ["batch", "seq"]) for name in encoder_output_names(cfg)[1:]]
-    return inputs, [("output", ["batch", "seq", cfg.d_model]), *stats]
 
 
 def seeded_encoder(cfg: EncoderConfig, seed: int = 0) -> Encoder:

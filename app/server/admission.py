@@ -28,6 +28,14 @@ class Admission:
     def accepting(self) -> bool:
         return self.ready and not self.draining
 
+    @property
+    def not_accepting_reason(self) -> str:
+        return "shutting down" if self.draining else self.not_ready_reason
+
+    def count(self) -> int:
+        """Inferences in flight now."""
+        return self.in_flight
+
     def enter(self) -> None:
         with self._lock:
             if self.draining:

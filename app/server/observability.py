@@ -25,10 +25,13 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"
 
 @dataclass
 class RequestInfo:
-    """What the log line learns while the request runs: Runtime.get names the model, on the loop or in a thread."""
+    """What the log line learns while the request runs: the Worker names the model, on the loop or in a thread."""
 
     request_id: str
     model: str | None = None
+    status: int = 500  # until the response starts: an app that raises past every handler answered 500
+    bytes_in: int = 0
+    bytes_out: int = 0
 
 
 # The threadpool copies the context into the inference thread, so both see the same RequestInfo object.
@@ -76,21 +79,18 @@ class ObservabilityMiddleware:
         info = RequestInfo(_incoming_id(scope))
         scope.setdefault("state", {})["request_id"] = info.request_id
         header = (_HEADER_KEY, info.request_id.encode("ascii"))
-        status, bytes_in, bytes_out = 500, 0, 0
 
         async def receive_counted() -> Message:
-            nonlocal bytes_in
             message = await receive()
-            bytes_in += len(message.get("body", b""))
+            info.bytes_in += len(message.get("body", b""))
             return message
 
         async def send_tagged(message: Message) -> None:
-            nonlocal status, bytes_out
             if message["type"] == "http.response.start":
-                status = message["status"]
+                info.status = message["status"]
                 message = {**message, "headers": [*message.get("headers", ()), header]}
             elif message["type"] == "http.response.body":
-                bytes_out += len(message.get("body", b""))
+                info.bytes_out += len(message.get("body", b""))
             await send(message)
 
         token = _current.set(info)
@@ -98,21 +98,25 @@ class ObservabilityMiddleware:
             await self.app(scope, receive_counted, send_tagged)
         finally:
             _current.reset(token)
-            seconds = time.perf_counter() - start
-            method = scope["method"] if scope["method"] in _METHODS else "other"
-            route = _route(scope)
-            metrics.observe_request(method, route, status, seconds)
-            if logs.access_enabled():
-                logs.access(
-                    {
-                        "request_id": info.request_id,
-                        "method": method,
-                        "route": route,
-                        "path": scope["path"][:256],  # without the query string, which may carry data
-                        "status": status,
-                        "duration_ms": round(seconds * 1000, 3),
-                        "model": info.model,
-                        "bytes_in": bytes_in,
-                        "bytes_out": bytes_out,
-                    }
-                )
+            _record(scope, info, time.perf_counter() - start)
+
+
+def _record(scope: Scope, info: RequestInfo, seconds: float) -> None:
+    """The request's metrics and its one JSON log line."""
+    method = scope["method"] if scope["method"] in _METHODS else "other"
+    route = _route(scope)
+    metrics.observe_request(method, route, info.status, seconds)
+    if logs.access_enabled():
+        logs.access(
+            {
+                "request_id": info.request_id,
+                "method": method,
+                "route": route,
+                "path": scope["path"][:256],  # without the query string, which may carry data
+                "status": info.status,
+                "duration_ms": round(seconds * 1000, 3),
+                "model": info.model,
+                "bytes_in": info.bytes_in,
+                "bytes_out": info.bytes_out,
+            }
+        )

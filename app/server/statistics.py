@@ -1,10 +1,15 @@
 """Per-model inference statistics in the format of Triton's statistics extension, safe across threads.
 
-Durations follow Triton's meaning, measured from the moment the request body is in memory:
-queue = waiting for admission and a worker thread, compute_input = decoding the tensors,
+Every protocol's inference requests count (REST, V2), once their model is known. Durations
+follow Triton's meaning, measured from the moment the request body is in memory: queue =
+waiting for admission and a worker thread, compute_input = decoding the tensors,
 compute_infer = the data plane, compute_output = encoding (and compressing) the response.
-success/fail ns are the whole request. Every infer request to a known model that does not
-answer 200 counts as one failure, whatever stage it failed in.
+success/fail ns are the whole request. Every inference request to a known model that does
+not succeed counts as one failure, whatever stage it failed in.
+
+An inference is a request; an execution is one onnxruntime run. Dynamic batching merges
+requests into one run, and a large layernorm input runs in row chunks, so the two differ;
+`batch_stats` counts the runs per batch size (rows of the run), as Triton does.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class InferTimer:
     def __init__(self) -> None:
         self.start = time.perf_counter_ns()
         self.marks: dict[str, int] = {}
+        self.model: tuple[str, str] | None = None  # (name, version), once the request names its model
 
     def mark(self, stage: str) -> None:
         """The end of a stage (one of STAGES); each stage starts where the previous one ended."""
@@ -63,8 +69,10 @@ class ModelStats:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
     stages: dict[str, Duration] = field(default_factory=lambda: {s: Duration() for s in STAGES})
+    batches: dict[int, Duration] = field(default_factory=dict)  # onnxruntime runs by batch size
 
     def as_dict(self) -> dict[str, Any]:
+        zero = Duration().as_dict()  # the run's tensors are the request's: no input or output stage of its own
         inference_stats = {"success": self.success.as_dict(), "fail": self.fail.as_dict()}
         inference_stats.update({s: d.as_dict() for s, d in self.stages.items()})
         # No response cache: Triton still reports these two, and some dashboards expect them.
@@ -76,11 +84,14 @@ class ModelStats:
             "inference_count": self.inference_count,
             "execution_count": self.execution_count,
             "inference_stats": inference_stats,
-            "batch_stats": [],  # no dynamic batching on the V2 path: every request is one execution
+            "batch_stats": [
+                {"batch_size": size, "compute_input": zero, "compute_infer": d.as_dict(), "compute_output": zero}
+                for size, d in sorted(self.batches.items())
+            ],
         }
 
 
-class Stats:
+class Statistics:
     """All models' statistics; one lock, held only for a few additions per request."""
 
     def __init__(self) -> None:
@@ -101,8 +112,14 @@ class Stats:
             for stage, ns in durations.items():
                 entry.stages[stage].add(ns)
             entry.inference_count += 1  # one request is one inference: the models have no batch dim of Triton's
-            entry.execution_count += 1
             entry.last_inference = time.time_ns() // 1_000_000
+
+    def record_execution(self, name: str, version: str, rows: int, ns: int) -> None:
+        """One onnxruntime run of `rows` batch entries (merged requests, or one chunk of a large one)."""
+        with self._lock:
+            entry = self._entry(name, version)
+            entry.execution_count += 1
+            entry.batches.setdefault(rows, Duration()).add(ns)
 
     def record_failure(self, name: str, version: str, timer: InferTimer) -> None:
         total = timer.elapsed()

@@ -1,62 +1,164 @@
-"""What routes share: the app's state through Depends, and running blocking work off the event loop."""
+"""One Worker per server process: its models, admission, drain and Triton statistics, and how inference runs.
+
+`start()` is the lifecycle (verify sha256 -> build sessions -> parity warm-up -> ready), used by the
+app's lifespan and by `normserve validate` alike. `infer()` is execution control for every protocol:
+admission, then the threadpool (or the event loop for tiny requests), the timeout, and statistics.
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Annotated, TypeVar
+from typing import Any, TypeVar
 
 import anyio
-from fastapi import Depends
-from starlette.requests import Request
 
+from app.core.model import Model, ModelLoadError
 from app.core.runtime import Runtime
-from app.errors import NotReady, Timeout
-from app.server import metrics
+from app.errors import ModelNotFound, NotReady, Timeout
+from app.server import metrics, observability
 from app.server.admission import Admission
+from app.server.drain import Drain
+from app.server.statistics import InferTimer, Statistics
 from app.settings import Settings
 
+log = logging.getLogger("normserve")
 T = TypeVar("T")
+W = TypeVar("W")
 # Bodies up to this size are computed on the event loop: (1,8,64) in JSON is 5.6 KiB and takes ~0.15 ms.
 INLINE_BODY_BYTES = 16 * 1024
 
 
-@dataclass
-class State:
-    """Everything a worker builds once in its lifespan."""
+class Worker:
+    """Everything one server process builds once; routes of every protocol take it.
 
-    settings: Settings
-    runtime: Runtime
-    admission: Admission
-
-
-async def get_state(request: Request) -> State:
-    # async: FastAPI runs a plain `def` dependency in the threadpool, a thread hop per request (measured).
-    state: State = request.app.state.normserve
-    return state
-
-
-StateDep = Annotated[State, Depends(get_state)]
-
-
-async def run_inference(state: State, fn: Callable[[], T], inline: bool = False) -> T:
-    """Admit the request, run fn in the threadpool, and answer 504 past the timeout without killing the worker.
-
-    inline=True runs fn on the event loop: only for tiny requests (INLINE_BODY_BYTES), whose work takes
-    less than the thread hop and the GIL hand-offs it brings (measured in docs/benchmarks.md).
+    `normserve validate` runs the same `load` and `warm_up` steps as `start`, one by one with progress.
     """
-    state.admission.enter()
-    metrics.IN_FLIGHT.inc()
 
-    # Whoever takes `claim` first releases the slot: the job when it starts (so a timed-out job still
-    # counts until it really ends), or the waiter when it gave up before any thread picked the job up.
-    claim = threading.Lock()
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.admission = Admission(settings.max_in_flight)
+        self.statistics = Statistics()
+        # The batchers stop waiting once every request in flight in this worker is in the batch.
+        self.runtime = Runtime(settings, observe=self._observe_run, in_flight=self.admission.count)
+        self.drain = Drain(self.admission, settings.drain_timeout_s)
 
-    def release() -> None:
-        state.admission.leave()
+    def load(self) -> None:
+        """sha256 checks and sessions (ModelLoadError names the file)."""
+        self.runtime.load()
+
+    def warm_up(self) -> dict[str, tuple[float, float]]:
+        """The parity warm-up of every model against the NumPy reference: (max abs diff, tolerance) by name.
+
+        ModelLoadError past a tolerance."""
+        self.admission.not_ready_reason = "parity warm-up running"
+        figures = self.runtime.warm_up()
+        for name, model in self.runtime.models.items():
+            metrics.record_model(name, model.load_seconds, figures[name][0])
+        return figures
+
+    def start(self) -> None:
+        """Load, warm up, then ready; a failure leaves the worker live but not ready, with the reason."""
+        try:
+            self.load()
+            figures = self.warm_up()
+        except (ModelLoadError, OSError, ValueError, KeyError) as e:
+            self.admission.not_ready_reason = f"model check failed: {e}"
+            log.error("not ready: %s", e, extra={"reason": self.admission.not_ready_reason})
+            return
+        diffs = {name: diff for name, (diff, _) in figures.items()}
+        log.info(
+            "ready: parity warm-up max abs diff %s",
+            {k: f"{v:.2e}" for k, v in diffs.items()},
+            extra={"parity_max_abs_diff": diffs},
+        )
+        self.admission.ready = True
+
+    def model(self, name: str, version: str | None = None) -> Model:
+        """The model, 404 if unknown; 503 while models are still loading, when unknown may just mean not yet."""
+        try:
+            model = self.runtime.get(name, version)
+        except ModelNotFound:
+            if not self.admission.ready:
+                raise NotReady(f"server is not ready: {self.admission.not_ready_reason}") from None
+            raise
+        observability.note_model(name)  # the request's log line names the model it used
+        return model
+
+    def _observe_run(self, model: str, version: str, seconds: float, rows: int) -> None:
+        metrics.observe_inference(model, seconds, rows)
+        if self.admission.ready:  # the warm-up's runs are no client's executions
+            self.statistics.record_execution(model, version, rows, int(seconds * 1e9))
+
+    async def infer(self, timer: InferTimer, fn: Callable[[], T], inline: bool = False) -> T:
+        """Run one inference job and count it in the statistics of the model it named (timer.model)."""
+        try:
+            result = await self.run(fn, inline)
+        except Exception:  # any answer but success counts as a failure; the error handlers still answer it
+            if timer.model is not None:
+                self.statistics.record_failure(*timer.model, timer)
+            raise
+        if timer.model is not None:
+            self.statistics.record_success(*timer.model, timer)
+        return result
+
+    async def run(self, fn: Callable[[], T], inline: bool = False) -> T:
+        """Admit the job, run it in the threadpool, and answer 504 past the timeout without killing the worker.
+
+        inline=True runs fn on the event loop: only for tiny requests (INLINE_BODY_BYTES), whose work takes
+        less than the thread hop and the GIL hand-offs it brings (measured in docs/benchmarks.md).
+        """
+        self.admission.enter()
+        metrics.IN_FLIGHT.inc()
+        # Whoever takes `claim` first releases the slot: the job when it starts (so a timed-out job still
+        # counts until it really ends), or the waiter when it gave up before any thread picked the job up.
+        claim = threading.Lock()
+        job = _claimed(fn, claim, self._release)
+        if inline:
+            return job()
+        abandon = anyio.CancelScope()  # cancelled by a drain that timed out (app/server/drain.py)
+        self.admission.abandonable.add(abandon)
+        try:
+            with anyio.fail_after(self.settings.request_timeout_s), abandon:
+                return await anyio.to_thread.run_sync(job, abandon_on_cancel=True)
+        except TimeoutError:
+            timeout = self.settings.request_timeout_s
+            raise Timeout(f"inference took longer than {timeout} s (NORMSERVE_REQUEST_TIMEOUT_S)") from None
+        finally:
+            self.admission.abandonable.discard(abandon)
+            if claim.acquire(blocking=False):
+                self._release()
+        raise NotReady(
+            "server is shutting down and its drain timeout (NORMSERVE_DRAIN_TIMEOUT_S) passed; retry elsewhere"
+        )
+
+    def _release(self) -> None:
+        self.admission.leave()
         metrics.IN_FLIGHT.dec()
 
+
+def staged(
+    timer: InferTimer, decode: Callable[[], tuple[Model, Any, W]], encode: Callable[[W, Any], T]
+) -> Callable[[], T]:
+    """The job of one inference request in any protocol, each stage timed: decode gives the model, the data
+    plane's input and what the protocol keeps for its answer (W); the model infers; encode writes the answer."""
+
+    def job() -> T:
+        timer.mark("queue")
+        model, request, wire = decode()
+        timer.model = (model.name, model.version)
+        timer.mark("compute_input")
+        result = model.infer(request)
+        timer.mark("compute_infer")
+        payload = encode(wire, result)
+        timer.mark("compute_output")
+        return payload
+
+    return job
+
+
+def _claimed(fn: Callable[[], T], claim: threading.Lock, release: Callable[[], None]) -> Callable[[], T]:
     def job() -> T:
         if not claim.acquire(blocking=False):
             raise RuntimeError("inference abandoned before it started")  # its waiter has already answered
@@ -65,19 +167,4 @@ async def run_inference(state: State, fn: Callable[[], T], inline: bool = False)
         finally:
             release()
 
-    if inline:
-        return job()
-    abandon = anyio.CancelScope()  # cancelled by a drain that timed out (app/lifecycle.py)
-    state.admission.abandonable.add(abandon)
-    try:
-        with anyio.fail_after(state.settings.request_timeout_s), abandon:
-            return await anyio.to_thread.run_sync(job, abandon_on_cancel=True)
-    except TimeoutError:
-        raise Timeout(
-            f"inference took longer than {state.settings.request_timeout_s} s (NORMSERVE_REQUEST_TIMEOUT_S)"
-        ) from None
-    finally:
-        state.admission.abandonable.discard(abandon)
-        if claim.acquire(blocking=False):
-            release()
-    raise NotReady("server is shutting down and its drain timeout (NORMSERVE_DRAIN_TIMEOUT_S) passed; retry elsewhere")
+    return job

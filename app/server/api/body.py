@@ -7,8 +7,7 @@ import zlib
 from starlette.requests import ClientDisconnect, Request
 
 from app.errors import MalformedBody, PayloadTooLarge, UnsupportedMediaType
-
-_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+from app.server.api.compression import WBITS
 
 
 def require_json(request: Request) -> None:
@@ -28,9 +27,9 @@ async def read_body(request: Request, max_bytes: int) -> bytearray:
     if length is not None and length.isdigit() and int(length) > max_bytes:
         raise PayloadTooLarge(too_large, "body")
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("identity", "", *_WBITS):
+    if encoding not in ("identity", "", *WBITS):
         raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported; use gzip or deflate", "body")
-    inflater = zlib.decompressobj(_WBITS[encoding]) if encoding in _WBITS else None
+    inflater = zlib.decompressobj(WBITS[encoding]) if encoding in WBITS else None
     body = bytearray()
     try:
         async for chunk in request.stream():

@@ -1,13 +1,16 @@
 """DirectRoute: FastAPI routes (OpenAPI and all) whose handler calls the endpoint without dependency solving.
 
 FastAPI solves every route's dependencies per request, ~110 us of CPU on a 5.6 KiB /normalize
-whose own work is ~160 us (measured in process; docs/benchmarks.md). The hot routes only ever
-need the request, its path parameters and what the app built once, so this route class binds
-those by parameter name when the route is created and skips the machinery per request.
+whose own work is ~160 us (measured in process; docs/benchmarks.md). The routes only ever need
+the request, its path parameters and the app's Worker, so this route class binds those by
+parameter name when the route is created and skips the machinery per request. There is no
+`Depends` anywhere, so nothing suggests that `app.dependency_overrides` would apply: a test
+that wants another worker builds an app with `create_app(settings)`.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -16,12 +19,24 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 
-# Endpoint parameters a DirectRoute fills, besides path parameters: the request and the app's own objects.
+# Endpoint parameters a DirectRoute fills, besides path parameters: the request and the app's Worker.
 _SOURCES: dict[str, Callable[[Request], Any]] = {
     "request": lambda request: request,
-    "state": lambda request: request.app.state.normserve,
-    "stats": lambda request: request.app.state.stats,
+    "worker": lambda request: request.app.state.worker,
 }
+
+
+def _openapi_view(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+    """The endpoint as FastAPI's OpenAPI should see it: without the parameters this route fills itself."""
+
+    @functools.wraps(endpoint)
+    async def view(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("DirectRoute calls the endpoint itself")  # pragma: no cover
+
+    sig = inspect.signature(endpoint)
+    public = [p for name, p in sig.parameters.items() if name not in _SOURCES or name == "request"]
+    view.__signature__ = sig.replace(parameters=public)  # type: ignore[attr-defined]
+    return view
 
 
 def _path_param(name: str) -> Callable[[Request], Any]:
@@ -29,10 +44,14 @@ def _path_param(name: str) -> Callable[[Request], Any]:
 
 
 class DirectRoute(APIRoute):
-    """An APIRoute for `async def` endpoints whose parameters are path parameters, request, state or stats."""
+    """An APIRoute for `async def` endpoints whose parameters are path parameters, `request` or `worker`."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        self.direct_endpoint = endpoint
+        super().__init__(path, _openapi_view(endpoint), **kwargs)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        endpoint = self.endpoint
+        endpoint = self.direct_endpoint
         if not inspect.iscoroutinefunction(endpoint):
             raise TypeError(f"DirectRoute {self.path}: {endpoint.__name__} must be async def")
         path_params = set(self.param_convertors)

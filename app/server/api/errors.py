@@ -1,9 +1,8 @@
-"""The one place domain errors become HTTP: {"error": "<field>: <what was expected>"} with the mapped status."""
+"""The one place errors become HTTP answers: {"error": "<field>: <what was expected>"} with the mapped status."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -11,17 +10,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.core.tensors import dumps
 from app.errors import RETRY_AFTER_S, NormserveError, status_for
 from app.server import observability
+from app.server.api.responses import json_response
 
 log = logging.getLogger("normserve.errors")
 MESSAGE_LIMIT = 1000  # characters of an error message; longer ones (a huge field name echoed) are cut
-
-
-def json_response(obj: object, status_code: int = 200, headers: Mapping[str, str] | None = None) -> Response:
-    """A JSON response serialized by orjson (NumPy arrays included)."""
-    return Response(dumps(obj), status_code=status_code, headers=headers, media_type="application/json")
 
 
 def is_v2(request: Request) -> bool:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from app.errors import RETRY_AFTER_S
-from app.server.api.errors import json_response
-from app.server.worker import StateDep
+from app.server.api.direct import DirectRoute
+from app.server.api.responses import json_response, readiness
+from app.server.worker import Worker
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=DirectRoute)
 
 
 @router.get("/v2/health/live")
@@ -19,12 +19,6 @@ async def live() -> Response:
 
 
 @router.get("/v2/health/ready", responses={503: {"description": "models not verified yet, or draining"}})
-async def ready(state: StateDep) -> Response:
+async def ready(worker: Worker) -> Response:
     """Ready only after every model passed its sha256 check and parity warm-up, and not while draining."""
-    adm = state.admission
-    if adm.accepting:
-        return json_response({"ready": True})
-    reason = "shutting down" if adm.draining else adm.not_ready_reason
-    return json_response(
-        {"ready": False, "error": f"not ready: {reason}"}, 503, headers={"Retry-After": str(RETRY_AFTER_S)}
-    )
+    return readiness(worker.admission, {})

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from app.core import reference
+from app.core.seeds import SEED000, SEED003, SEED003_LAST_TWO_DIMS
 from app.server.api.rest.codec import TENSOR_DOC, EncodeParams, NormalizeParams
 
 _NESTED = {"type": "array", "items": {}, "description": TENSOR_DOC}
@@ -42,43 +46,39 @@ V2_ERRORS: dict[int | str, dict[str, Any]] = {
     **_errors(404, 413, 503, 504),
 }
 
-SEED003 = [[0.2, 0.1, 0.3], [0.5, 0.1, 0.1]]
-SEED000 = [[0.2, 0.8, 1.0, 1.2], [1.0, 0.0, 0.5, 1.5]]
+
+def _example_response() -> dict[str, Any]:
+    """What POST /normalize answers for seed 003's example, from the float64 reference (output to 7 decimals)."""
+    r = reference.layer_norm(np.asarray(SEED003.x), SEED003.k, SEED003.eps, SEED003.eps_mode)
+    return {
+        "output": (np.round(r.output, 7) + 0.0).tolist(),  # + 0.0: no -0.0
+        "shape": list(r.output.shape),
+        "stats": {"mean": r.mean.tolist(), "var": r.var.tolist(), "std": np.sqrt(r.var).tolist()},
+        "backend": "onnxruntime",
+        "model": {"name": "layernorm", "version": "1", "sha256": "..."},
+    }
+
 
 NORMALIZE: dict[str, Any] = {
     "openapi_extra": _body(
         NormalizeParams,
         {"data": _NESTED, "gamma": _NESTED, "beta": _NESTED},
         {
-            "seed003": {"summary": "seed 003: two words, three dims (eps 1e-5, mode var)", "value": {"data": SEED003}},
+            "seed003": {"summary": "seed 003: two words, three dims (eps 1e-5, mode var)", "value": SEED003.request()},
             "seed003-last-two-dims": {
                 "summary": "seeds 002/003: normalized_shape [1, 3] of a [2, 1, 3] input",
-                "value": {"data": [[row] for row in SEED003], "normalized_shape": [1, 3]},
+                "value": SEED003_LAST_TWO_DIMS.request(),
             },
             "seed000": {
                 "summary": "seed 000: sigma + eps (eps_mode std, eps 1e-6)",
-                "value": {"data": SEED000, "eps": 1e-6, "eps_mode": "std", "validate": True},
+                "value": {**SEED000.request(), "validate": True},
             },
         },
     ),
     "responses": {
         200: {
             "description": "normalized output and per-row statistics",
-            "content": {
-                "application/json": {
-                    "example": {
-                        "output": [[0.0, -1.2238273, 1.2238274], [1.4140146, -0.7070073, -0.7070073]],
-                        "shape": [2, 3],
-                        "stats": {
-                            "mean": [0.2, 0.23333333333333334],
-                            "var": [0.006666666666666668, 0.035555555555555556],
-                            "std": [0.0816496580927726, 0.18856180831641267],
-                        },
-                        "backend": "onnxruntime",
-                        "model": {"name": "layernorm", "version": "1", "sha256": "..."},
-                    }
-                }
-            },
+            "content": {"application/json": {"example": _example_response()}},
         },
         **_errors(400, 413, 415, 422, 503, 504),
     },

@@ -1,30 +1,40 @@
-"""The REST requests of /normalize and /encode: tensors via the codecs, the small fields via pydantic."""
+"""The REST protocol's codec: /normalize and /encode bodies to the data plane's inputs, and its outputs to JSON.
+
+Tensors go through the tensor codecs straight into NumPy; pydantic checks the types of the
+small fields only. Every rule of a value (eps, k, shapes, finiteness, the encoder's limits)
+is the data plane's, checked when the input is built (app/core/dataplane.py).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.core import jsontensors
-from app.core.dataplane import EncodeInput, NormalizeInput
+from app.core.dataplane import EncodeInput, EncodeOutput, Fields, NormalizeInput, NormalizeOutput
+from app.core.encoder import EncoderModel
 from app.core.jsonkeys import check_unique_keys
-from app.core.tensors import decode_json_tensor, loads
+from app.core.tensors import decode_json_tensor, dumps, encode_json_tensor, loads
 from app.errors import InvalidInput
 from app.settings import Settings
 
 TENSOR_DOC = "A nested array of numbers (rank >= 1, rectangular); parsed straight into NumPy."
+FIELDS = Fields()  # the data plane's own names are the REST ones
 
 
 class NormalizeParams(BaseModel):
-    """The small fields of a /normalize request, validated by pydantic."""
+    """The small fields of a /normalize request: their types (the data plane checks their values)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
     normalized_shape: int | list[int] | None = Field(None, description="Trailing dims of data; default its last dim.")
-    eps: float = Field(1e-5, gt=0, allow_inf_nan=False, description="Added to var (mode var) or std (mode std).")
-    eps_mode: Literal["var", "std"] = Field("var", description="var: sqrt(var + eps); std: sqrt(var) + eps.")
+    eps: float = Field(1e-5, description="Added to var (mode var) or std (mode std); a finite number > 0.")
+    eps_mode: str = Field(
+        "var", description="var: sqrt(var + eps); std: sqrt(var) + eps.", json_schema_extra={"enum": ["var", "std"]}
+    )
     backend: Literal["onnxruntime", "numpy"] = Field("onnxruntime", description="Which path computes `output`.")
     validate_: bool = Field(False, alias="validate", description="Also run the other backend and report the diff.")
 
@@ -42,29 +52,45 @@ NORMALIZE_TENSORS = ("data", "gamma", "beta")
 ENCODE_TENSORS = ("data", "padding_mask")
 
 
-def parse_normalize(body: bytes | bytearray, settings: Settings) -> NormalizeInput:
+def decode_normalize(body: bytes | bytearray, settings: Settings) -> NormalizeInput:
     fields, tensors = _split(body, NORMALIZE_TENSORS)
     params = _validate(NormalizeParams, fields, NORMALIZE_TENSORS)
     may_hold_bools = _may_hold_bools(body, tensors)
-    x = _tensor(tensors, "data", settings, may_hold_bools)
-    k = _trailing_dims(params.normalized_shape, x.shape)
-    gamma, beta = (
-        _tensor(tensors, name, settings, may_hold_bools, expect=x.shape[-k:]) if name in tensors else None
-        for name in ("gamma", "beta")
+    x, gamma, beta = (
+        _tensor(tensors[name], name, settings, may_hold_bools) if name in tensors else None
+        for name in NORMALIZE_TENSORS
     )
+    assert x is not None
+    k = _trailing_dims(params.normalized_shape, x.shape)
     check_unique_keys(body)  # last, when the body is known to hold only numbers besides the fields
-    return NormalizeInput(x, k, params.eps, params.eps_mode, gamma, beta, params.backend, params.validate_)
+    return NormalizeInput(x, k, params.eps, params.eps_mode, gamma, beta, params.backend, params.validate_, FIELDS)
 
 
-def parse_encode(body: bytes | bytearray, settings: Settings) -> tuple[EncodeInput, bool]:
-    """The encoder input as (B,T,C) and whether the caller sent a 2-D (T,C) tensor."""
+def encode_normalize(out: NormalizeOutput) -> bytes:
+    doc: dict[str, Any] = {
+        "output": encode_json_tensor(out.output),
+        "shape": list(out.output.shape),
+        "stats": {
+            "mean": encode_json_tensor(out.mean),
+            "var": encode_json_tensor(out.var),
+            "std": encode_json_tensor(out.std),
+        },
+        "backend": out.backend,
+        "model": out.model.describe() if out.model else None,
+    }
+    if out.validation is not None:
+        doc["validation"] = out.validation
+    return dumps(doc)
+
+
+def decode_encode(
+    body: bytes | bytearray, settings: Settings, encoder: Callable[[str], EncoderModel]
+) -> tuple[EncoderModel, EncodeInput, bool]:
+    """The encoder named by `model`, its input as (B,T,C), and whether the caller sent a 2-D (T,C) tensor."""
     fields, tensors = _split(body, ENCODE_TENSORS)
     params = _validate(EncodeParams, fields, ENCODE_TENSORS)
-    x = _tensor(tensors, "data", settings, _may_hold_bools(body, tensors))
-    if x.ndim not in (2, 3):
-        raise InvalidInput(
-            f"rank {x.ndim} (shape {list(x.shape)}); expected [batch, seq, d_model] or [seq, d_model]", "data"
-        )
+    model = encoder(params.model)
+    x = _tensor(tensors["data"], "data", settings, _may_hold_bools(body, tensors))
     mask = None
     if tensors.get("padding_mask") is not None:
         mask = decode_json_tensor(
@@ -72,14 +98,26 @@ def parse_encode(body: bytes | bytearray, settings: Settings) -> tuple[EncodeInp
             "padding_mask",
             max_elements=settings.max_elements,
             max_depth=settings.max_depth,
-            dtype=np.bool_,
+            boolean=True,
         )
     check_unique_keys(body)
-    squeeze = x.ndim == 2
-    if squeeze:
-        x = x[None]
-        mask = mask[None] if mask is not None and mask.ndim == 1 else mask
-    return EncodeInput(x, mask, params.model, params.validate_), squeeze
+    req = EncodeInput(x, mask, model.limits, params.validate_, FIELDS, one_sequence=True)
+    return model, req, x.ndim == 2  # [seq, d_model]: answered without the batch dim
+
+
+def encode_encode(squeeze: bool, out: EncodeOutput) -> bytes:
+    def shaped(a: np.ndarray) -> Any:
+        return encode_json_tensor(a[0] if squeeze else a)
+
+    doc: dict[str, Any] = {
+        "output": shaped(out.output),
+        "shape": list(out.output.shape[1:] if squeeze else out.output.shape),
+        "layer_norms": [{"name": n, "mean": shaped(m), "std": shaped(s)} for n, m, s in out.layer_norms],
+        "model": out.model.describe(),
+    }
+    if out.validation is not None:
+        doc["validation"] = out.validation
+    return dumps(doc)
 
 
 def _split(body: bytes | bytearray, tensor_names: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -114,19 +152,10 @@ def _validate(model: type[BaseModel], fields: dict[str, Any], tensor_names: tupl
         raise InvalidInput(f"{err['msg']} (got {err.get('input')!r})", name) from None
 
 
-def _tensor(
-    tensors: dict[str, Any], name: str, settings: Settings, may_hold_bools: bool, expect: tuple[int, ...] | None = None
-) -> np.ndarray:
-    arr = decode_json_tensor(
-        tensors[name],
-        name,
-        max_elements=settings.max_elements,
-        max_depth=settings.max_depth,
-        may_hold_bools=may_hold_bools,
+def _tensor(value: Any, name: str, settings: Settings, may_hold_bools: bool) -> np.ndarray:
+    return decode_json_tensor(
+        value, name, max_elements=settings.max_elements, max_depth=settings.max_depth, may_hold_bools=may_hold_bools
     )
-    if expect is not None and arr.shape != expect:
-        raise InvalidInput(f"shape {list(arr.shape)} does not match normalized_shape {list(expect)}", name)
-    return arr
 
 
 def _trailing_dims(normalized_shape: int | list[int] | None, shape: tuple[int, ...]) -> int:

@@ -1,82 +1,68 @@
-"""POST /normalize and POST /encode: JSON in, JSON out; the data plane does the work."""
+"""POST /normalize and POST /encode: JSON in, JSON out; thin routes around the REST codec and the Worker."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-import numpy as np
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.core import dataplane
-from app.core.tensors import dumps, encode_json_tensor
-from app.server.api import openapi as docs
+from app.core.dataplane import EncodeInput, NormalizeInput, NormalizeOutput
+from app.core.encoder import EncoderModel
+from app.core.model import Model
+from app.errors import InvalidInput
+from app.server import observability
+from app.server.api import openapi
 from app.server.api.body import read_body, require_json
 from app.server.api.direct import DirectRoute
-from app.server.api.rest.codec import parse_encode, parse_normalize
-from app.server.worker import INLINE_BODY_BYTES, State, StateDep, run_inference
+from app.server.api.rest import codec
+from app.server.statistics import InferTimer
+from app.server.worker import INLINE_BODY_BYTES, Worker, staged
 
 router = APIRouter(tags=["normalization"], route_class=DirectRoute)  # no per-request dependency solving
+LAYERNORM = "layernorm"
 
 
-@router.post("/normalize", **docs.NORMALIZE)
-async def normalize(request: Request, state: StateDep) -> Response:
+@router.post("/normalize", **openapi.NORMALIZE)
+async def normalize(request: Request, worker: Worker) -> Response:
     """Layer-normalize `data` over its trailing `normalized_shape` dims, with per-row statistics."""
-    return await _json_call(request, state, _normalize, may_batch=False)
-
-
-@router.post("/encode", **docs.ENCODE)
-async def encode(request: Request, state: StateDep) -> Response:
-    """Run the Transformer encoder; report each LayerNorm's input statistics per position."""
-    return await _json_call(request, state, _encode, may_batch=state.settings.batch_max_size > 1)
-
-
-async def _json_call(
-    request: Request, state: State, handle: Callable[[bytearray, State], bytes], may_batch: bool
-) -> Response:
-    """Read the body on the event loop; parse, compute and serialize in the threadpool (tiny bodies inline)."""
     require_json(request)
-    body = await read_body(request, state.settings.max_body_bytes)
-    # Never inline what a batcher may hold: it blocks its caller while the batch gathers.
-    inline = len(body) <= INLINE_BODY_BYTES and not may_batch
-    payload = await run_inference(state, lambda: handle(body, state), inline=inline)
+    body = await read_body(request, worker.settings.max_body_bytes)
+    timer = InferTimer()
+
+    def decode() -> tuple[Model, NormalizeInput, None]:
+        model = worker.runtime.get(LAYERNORM)  # admitted, so loaded; named in the log once its session ran
+        timer.model = (model.name, model.version)  # a request that fails to decode counts as its failure
+        return model, codec.decode_normalize(body, worker.settings), None
+
+    def encode(_: None, out: NormalizeOutput) -> bytes:
+        if out.model is not None:
+            observability.note_model(out.model.name)
+        return codec.encode_normalize(out)
+
+    job = staged(timer, decode, encode)
+    payload = await worker.infer(timer, job, inline=len(body) <= INLINE_BODY_BYTES)
     return Response(payload, media_type="application/json")
 
 
-def _normalize(body: bytearray, state: State) -> bytes:
-    req = parse_normalize(body, state.settings)
-    out = dataplane.normalize(state.runtime, req)
-    doc: dict[str, Any] = {
-        "output": encode_json_tensor(out.output),
-        "shape": list(req.x.shape),
-        "stats": {
-            "mean": encode_json_tensor(out.mean),
-            "var": encode_json_tensor(out.var),
-            "std": encode_json_tensor(np.sqrt(out.var)),
-        },
-        "backend": out.backend,
-        "model": out.model.describe() if out.model else None,
-    }
-    if out.validation is not None:
-        doc["validation"] = out.validation
-    return dumps(doc)
+@router.post("/encode", **openapi.ENCODE)
+async def encode(request: Request, worker: Worker) -> Response:
+    """Run the Transformer encoder; report each LayerNorm's input statistics per position."""
+    require_json(request)
+    body = await read_body(request, worker.settings.max_body_bytes)
+    timer = InferTimer()
 
+    def encoder(name: str) -> EncoderModel:
+        model = worker.model(name)
+        if not isinstance(model, EncoderModel):
+            raise InvalidInput(f"{name!r} is not an encoder", "model")
+        timer.model = (model.name, model.version)
+        return model
 
-def _encode(body: bytearray, state: State) -> bytes:
-    req, squeeze = parse_encode(body, state.settings)
-    out = dataplane.encode(state.runtime, req)
+    def decode() -> tuple[Model, EncodeInput, bool]:
+        return codec.decode_encode(body, worker.settings, encoder)  # bool: answer [seq, d_model] without batch
 
-    def shaped(a: np.ndarray) -> Any:
-        return encode_json_tensor(a[0] if squeeze else a)
-
-    doc: dict[str, Any] = {
-        "output": shaped(out.output),
-        "shape": list(out.output.shape[1:] if squeeze else out.output.shape),
-        "layer_norms": [{"name": n, "mean": shaped(m), "std": shaped(s)} for n, m, s in out.layer_norms],
-        "model": out.model.describe(),
-    }
-    if out.validation is not None:
-        doc["validation"] = out.validation
-    return dumps(doc)
+    job = staged(timer, decode, codec.encode_encode)
+    # Never inline what a batcher may hold: it blocks its caller while the batch gathers.
+    inline = len(body) <= INLINE_BODY_BYTES and worker.settings.batch_max_size <= 1
+    payload = await worker.infer(timer, job, inline=inline)
+    return Response(payload, media_type="application/json")

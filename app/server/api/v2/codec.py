@@ -9,44 +9,50 @@ check names its field, so onnxruntime never sees a tensor the metadata does not 
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from app.core import jsontensors
+from app.core.dataplane import Fields
 from app.core.jsonkeys import check_unique_keys
+from app.core.model import Model, TensorSpec
 from app.core.tensors import (
-    DATATYPE_OF,
     DATATYPES,
     binary_view,
+    check_finite,
+    check_shape,
     decode_binary,
     decode_json_tensor,
     dumps,
     loads,
-    to_finite_float,
 )
-from app.core.v2spec import TensorSpec, V2Model
 from app.errors import InvalidInput, MalformedBody
+from app.server.api.compression import choose_encoding, compress
 from app.settings import Settings
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 # Parameters of the protocol itself (tritonclient's reserved names): accepted, and only the first is used.
 PROTOCOL_PARAMETERS = ("binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
 REQUEST_FIELDS = ("id", "parameters", "inputs", "outputs")
-# Level 1: on 4 MiB of float32 noise, binary shrinks to 93% at level 1 or 6 alike, JSON to 48% vs 43%
-# at 6x the CPU (measured); the response is compressed in the request's worker thread.
-COMPRESS_LEVEL = 1
-_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}  # deflate = zlib format, as tritonclient reads it
+# The data plane's fields as V2 names them: tensors are inputs, the small fields request parameters.
+FIELDS = Fields(
+    x="inputs.input",
+    gamma="inputs.gamma",
+    beta="inputs.beta",
+    k="parameters.normalized_ndim",
+    eps="parameters.eps",
+    eps_mode="parameters.eps_mode",
+    padding_mask="inputs.padding_mask",
+)
 
 
 @dataclass(frozen=True)
 class InferRequest:
     id: str | None
-    tensors: dict[str, np.ndarray]  # float32, or bool for BOOL inputs
+    input: Any  # the data plane's input, built by the model's kind (checked)
     datatype: str  # of `input`: every output is sent in it
-    parameters: dict[str, Any]
     outputs: list[tuple[str, bool]]  # the outputs to send, in order, and whether each goes binary
 
 
@@ -65,8 +71,8 @@ class EncodedResponse:
         return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in self.parts)
 
 
-def parse_infer(body: bytearray, header_length: str | None, spec: V2Model, settings: Settings) -> InferRequest:
-    """Split, parse and check an infer request against the model's V2 tensors and parameters."""
+def decode(body: bytearray, header_length: str | None, model: Model, settings: Settings) -> InferRequest:
+    """Split and parse an infer request; the model's kind builds (and checks) the data plane's input."""
     head, binary = _split(body, header_length)
     # inputs[i].data straight into NumPy when the fast path is sure of it; orjson (and its messages) otherwise.
     doc = jsontensors.loads(head, lambda path: len(path) == 3 and path[0] == "inputs" and path[2] == "data")
@@ -80,16 +86,16 @@ def parse_infer(body: bytearray, header_length: str | None, spec: V2Model, setti
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput(f"expected a string, got {request_id!r}", "id")
-    params = _parameters(doc.get("parameters"), spec)
+    params = _parameters(doc.get("parameters"), model)
     # bytearray.find scans in place; `in` on a memoryview would compare single bytes.
     # Arrays the fast path parsed hold numbers only; the header is scanned for true/false only for lists.
     entries = doc.get("inputs")
     lists = isinstance(entries, list) and any(isinstance(e, dict) and isinstance(e.get("data"), list) for e in entries)
     may_hold_bools = lists and (body.find(b"true", 0, len(head)) >= 0 or body.find(b"false", 0, len(head)) >= 0)
-    tensors, datatype = _inputs(doc.get("inputs"), binary, spec, settings, may_hold_bools)
-    outputs = _requested_outputs(doc.get("outputs"), spec, params.get("binary_data_output", False))
+    tensors, datatype = _inputs(doc.get("inputs"), binary, model, settings, may_hold_bools)
+    outputs = _requested_outputs(doc.get("outputs"), model, params.get("binary_data_output", False))
     check_unique_keys(body, len(head))  # last, when the header is known to hold only numbers besides the fields
-    return InferRequest(request_id, tensors, datatype, params, outputs)
+    return InferRequest(request_id, model.from_tensors(tensors, params, FIELDS), datatype, outputs)
 
 
 def _split(body: bytearray, header_length: str | None) -> tuple[memoryview, memoryview]:
@@ -105,25 +111,25 @@ def _split(body: bytearray, header_length: str | None) -> tuple[memoryview, memo
     return view[:n], view[n:]
 
 
-def _parameters(raw: Any, spec: V2Model) -> dict[str, Any]:
+def _parameters(raw: Any, model: Model) -> dict[str, Any]:
     params = {} if raw is None else raw
     if not isinstance(params, dict):
         raise InvalidInput(f"expected an object, got {params!r}", "parameters")
     for name, value in params.items():
-        if name not in spec.parameters and name not in PROTOCOL_PARAMETERS:
-            known = ", ".join((*spec.parameters, *PROTOCOL_PARAMETERS))
-            raise InvalidInput(f"unknown parameter for model {spec.model.name!r}; expected one of {known}", name)
+        if name not in model.parameters and name not in PROTOCOL_PARAMETERS:
+            known = ", ".join((*model.parameters, *PROTOCOL_PARAMETERS))
+            raise InvalidInput(f"unknown parameter for model {model.name!r}; expected one of {known}", name)
         if name == "binary_data_output" and not isinstance(value, bool):
             raise InvalidInput(f"expected true or false, got {value!r}", "parameters.binary_data_output")
     return params
 
 
 def _inputs(
-    raw: Any, binary: memoryview, spec: V2Model, settings: Settings, may_hold_bools: bool
+    raw: Any, binary: memoryview, model: Model, settings: Settings, may_hold_bools: bool
 ) -> tuple[dict[str, np.ndarray], str]:
     if not isinstance(raw, list) or not raw:
         raise InvalidInput("expected a non-empty list of input tensors", "inputs")
-    specs = {t.name: t for t in spec.inputs}
+    specs = {t.name: t for t in model.inputs}
     tensors: dict[str, np.ndarray] = {}
     datatypes: dict[str, str] = {}
     offset = 0
@@ -133,7 +139,7 @@ def _inputs(
             raise InvalidInput("expected an object with a string `name`", f"inputs[{i}]")
         if name not in specs:
             expected = ", ".join(specs)
-            raise InvalidInput(f"unknown input for model {spec.model.name!r}; expected {expected}", f"inputs.{name}")
+            raise InvalidInput(f"unknown input for model {model.name!r}; expected {expected}", f"inputs.{name}")
         if name in tensors:
             raise InvalidInput("given twice", f"inputs.{name}")
         tensors[name], datatypes[name], size = _tensor(entry, specs[name], binary[offset:], settings, may_hold_bools)
@@ -143,9 +149,7 @@ def _inputs(
             f"the inputs' binary_data_size add up to {offset} bytes, but {len(binary)} follow the JSON header",
             "binary_data_size",
         )
-    for t in spec.inputs:
-        if not t.optional and t.name not in tensors:
-            raise InvalidInput(f"required input missing for model {spec.model.name!r}", f"inputs.{t.name}")
+    model.check_tensors(tensors, FIELDS)
     return tensors, datatypes["input"]
 
 
@@ -158,7 +162,6 @@ def _tensor(
     if datatype not in spec.datatypes:
         raise InvalidInput(f"datatype {datatype!r} is not supported; expected {' or '.join(spec.datatypes)}", field)
     shape = _shape(entry.get("shape"), field, settings)
-    spec.check_shape(shape, field)
     params = entry.get("parameters") or {}
     if not isinstance(params, dict) or any(k != "binary_data_size" for k in params):
         raise InvalidInput(f"parameters {params!r} are not supported; only binary_data_size is", field)
@@ -181,9 +184,9 @@ def _tensor(
         if arr.view(np.uint8).max(initial=0) > 1:
             raise InvalidInput("BOOL bytes must be 0 or 1", field)
         return arr.copy(), datatype, size  # a copy: the request body's memory is not the data plane's
-    # A view of the body, no copy (peak RSS): layernorm's conditioning reads it into a new aligned array,
-    # and the encoders align it themselves (app/dataplane.py).
-    return to_finite_float(arr, field), datatype, size
+    # A view of the body, no copy (peak RSS): the data plane's input checks and casts it, and
+    # layernorm's conditioning reads it into a new aligned array (app/core/dataplane.py).
+    return arr, datatype, size
 
 
 def _shape(raw: Any, field: str, settings: Settings) -> list[int]:
@@ -191,12 +194,7 @@ def _shape(raw: Any, field: str, settings: Settings) -> list[int]:
         raise InvalidInput(f"expected a list of integers, got {raw!r}", f"{field}.shape")
     if not 1 <= len(raw) <= settings.max_depth:
         raise InvalidInput(f"rank {len(raw)}; expected 1..{settings.max_depth} (NORMSERVE_MAX_DEPTH)", f"{field}.shape")
-    if any(d < 1 for d in raw):
-        raise InvalidInput(f"{raw} has a dimension < 1; every dimension needs >= 1", f"{field}.shape")
-    if math.prod(raw) > settings.max_elements:
-        raise InvalidInput(
-            f"{math.prod(raw)} elements exceed the limit of {settings.max_elements} (NORMSERVE_MAX_ELEMENTS)", field
-        )
+    check_shape(raw, field, settings.max_elements)
     return raw
 
 
@@ -204,22 +202,21 @@ def _from_json(
     data: Any, datatype: str, shape: list[int], field: str, settings: Settings, may_hold_bools: bool
 ) -> np.ndarray:
     # Flat (row-major, as tritonclient sends) or nested: only the element count must match the shape.
-    dtype = np.bool_ if datatype == "BOOL" else np.float32
     arr = decode_json_tensor(
         data,
         f"{field}.data",
         max_elements=settings.max_elements,
         max_depth=settings.max_depth,
         may_hold_bools=may_hold_bools,
-        dtype=dtype,
+        boolean=datatype == "BOOL",
     )
     if arr.size != math.prod(shape):
         raise InvalidInput(f"{arr.size} elements, but shape {shape} needs {math.prod(shape)}", f"{field}.data")
     return arr.reshape(shape)
 
 
-def _requested_outputs(raw: Any, spec: V2Model, binary_default: bool) -> list[tuple[str, bool]]:
-    names = [t.name for t in spec.outputs]
+def _requested_outputs(raw: Any, model: Model, binary_default: bool) -> list[tuple[str, bool]]:
+    names = [t.name for t in model.outputs]
     if raw is None or raw == []:  # none named: every output, as Triton does
         return [(n, binary_default) for n in names]
     if not isinstance(raw, list):
@@ -241,14 +238,12 @@ def _requested_outputs(raw: Any, spec: V2Model, binary_default: bool) -> list[tu
     return chosen
 
 
-def build_response(
-    spec: V2Model, req: InferRequest, results: dict[str, np.ndarray], accept_encoding: str | None
-) -> EncodedResponse:
+def encode(model: Model, req: InferRequest, result: Any, accept_encoding: str | None) -> EncodedResponse:
     """The JSON header with each output's data inline or as binary_data_size, then the bytes; maybe compressed."""
-    dtype = DATATYPES[req.datatype]
+    tensors = model.to_tensors(result)
     outputs, blobs = [], []
     for name, binary in req.outputs:
-        arr = _cast(results[name], dtype, f"outputs.{name}")
+        arr = _cast(tensors[name], req.datatype, f"outputs.{name}")
         entry: dict[str, Any] = {"name": name, "datatype": req.datatype, "shape": list(arr.shape)}
         if binary:
             blobs.append(binary_view(arr))  # a view: streamed from the array, or compressed, never copied whole
@@ -256,7 +251,7 @@ def build_response(
         else:
             entry["data"] = arr.reshape(-1)  # flat, row-major, as Triton sends it
         outputs.append(entry)
-    doc: dict[str, Any] = {"model_name": spec.model.name, "model_version": spec.model.version}
+    doc: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
     if req.id is not None:
         doc["id"] = req.id
     doc["outputs"] = outputs
@@ -272,35 +267,10 @@ def build_response(
     if encoding is None:
         # Not joined: the route streams large binary outputs straight from their arrays (peak RSS, measured).
         return EncodedResponse(parts, headers, media_type)
-    compressor = zlib.compressobj(COMPRESS_LEVEL, zlib.DEFLATED, _WBITS[encoding])
-    body = b"".join([compressor.compress(part) for part in parts]) + compressor.flush()
     headers["Content-Encoding"] = encoding
-    return EncodedResponse((body,), headers, media_type)
+    return EncodedResponse((compress(parts, encoding),), headers, media_type)
 
 
-def _cast(arr: np.ndarray, dtype: np.dtype[Any], field: str) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        out = np.asarray(arr, dtype=dtype, order="C")  # not ascontiguousarray: it turns a scalar into shape [1]
-    # min and max carry any NaN or inf out, without a temporary the size of the output (peak RSS).
-    if not (np.isfinite(out.min()) and np.isfinite(out.max())):
-        name = DATATYPE_OF[out.dtype]
-        raise InvalidInput(f"the result is not finite in {name}; scale the input down or use a larger eps", field)
-    return out
-
-
-def choose_encoding(accept_encoding: str | None) -> str | None:
-    """gzip or deflate if the client accepts it (q > 0), gzip first; None for an identity response."""
-    if not accept_encoding:
-        return None
-    accepted: dict[str, float] = {}
-    for part in accept_encoding.split(","):
-        token, _, rest = part.partition(";")
-        q = 1.0
-        key, _, value = rest.strip().partition("=")
-        if key.strip().lower() == "q":
-            try:
-                q = float(value)
-            except ValueError:
-                q = 0.0
-        accepted[token.strip().lower()] = q
-    return next((enc for enc in ("gzip", "deflate") if accepted.get(enc, 0.0) > 0), None)
+def _cast(arr: np.ndarray, datatype: str, field: str) -> np.ndarray:
+    check_finite(arr, field, datatype)
+    return np.asarray(arr, dtype=DATATYPES[datatype], order="C")  # not ascontiguousarray: it makes a scalar [1]

@@ -1,0 +1,105 @@
+"""The encoder kind: a Transformer encoder (post-LN or pre-LN) whose graph also returns its LayerNorms' statistics.
+
+Its graph takes `input` (B,T,C) and `padding_mask` (B,T, true = padding) and returns `output`
+and, per LayerNorm in execution order, `{name}.mean` and `{name}.std` (B,T). The NumPy weights
+(.npz beside the graph) let `validate` and the warm-up run the float64 reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.core import reference
+from app.core.batching import Batcher
+from app.core.dataplane import EncodeInput, EncodeOutput, EncoderLimits, Fields
+from app.core.model import FLOAT, Loaded, Model, Signature, TensorSpec, verify
+from app.core.reference import EncoderConfig
+from app.core.tensors import check_finite
+
+STATS = ("mean", "std")
+
+
+def output_names(layer_norms: list[str]) -> list[str]:
+    """`output`, then `{name}.mean` and `{name}.std` for each LayerNorm in execution order."""
+    return ["output"] + [f"{name}.{stat}" for name in layer_norms for stat in STATS]
+
+
+def signature(cfg: EncoderConfig) -> tuple[Signature, Signature]:
+    """The graph's inputs and outputs; batch and seq are dynamic."""
+    inputs: Signature = [("input", ["batch", "seq", cfg.d_model]), ("padding_mask", ["batch", "seq"])]
+    stats: Signature = [(name, ["batch", "seq"]) for name in output_names(reference.layer_norm_names(cfg))[1:]]
+    return inputs, [("output", ["batch", "seq", cfg.d_model]), *stats]
+
+
+class EncoderModel(Model):
+    """V2: `input` [batch, seq, d_model], optional `padding_mask` BOOL [batch, seq]; outputs as the graph's."""
+
+    kind = "encoder"
+
+    def __init__(self, loaded: Loaded) -> None:
+        super().__init__(loaded)
+        entry, s = loaded.entry, loaded.settings
+        self.config = EncoderConfig(**entry["config"])
+        self.limits = EncoderLimits(self.config.d_model, self.config.max_sequence_length)
+        self.layer_norms: list[str] = list(entry["layer_norms"])
+        self.output_names = output_names(self.layer_norms)
+        self.weights = _load_weights(loaded.path.parent / entry["weights"]["file"], entry["weights"]["sha256"])
+        d = self.config.d_model
+        self.inputs = (
+            TensorSpec("input", FLOAT, (-1, -1, d)),
+            TensorSpec("padding_mask", ("BOOL",), (-1, -1), optional=True),
+        )
+        stats = tuple(TensorSpec(n, FLOAT, (-1, -1)) for n in self.output_names[1:])
+        self.outputs = (TensorSpec("output", FLOAT, (-1, -1, d)), *stats)
+        self.batcher: Batcher | None = None
+        if s.batch_max_size > 1:  # dynamic batching (app/core/batching.py)
+            self.batcher = Batcher(
+                self.run, s.batch_max_size, s.batch_delay_us, loaded.in_flight, self.name, s.batch_max_seq_len
+            )
+        self.validate_atol = s.validate_atol
+
+    def from_tensors(self, tensors: Mapping[str, np.ndarray], params: Mapping[str, Any], f: Fields) -> EncodeInput:
+        return EncodeInput(tensors["input"], tensors.get("padding_mask"), self.limits, fields=f)
+
+    def to_tensors(self, result: EncodeOutput) -> dict[str, np.ndarray]:
+        tensors = {"output": result.output}
+        for name, mean, std in result.layer_norms:
+            tensors[f"{name}.mean"], tensors[f"{name}.std"] = mean, std
+        return tensors
+
+    def infer(self, request: EncodeInput) -> EncodeOutput:
+        """Run the graph (merged with concurrent requests when batching); LayerNorm statistics come out of it."""
+        mask = request.mask
+        with np.errstate(over="ignore"):
+            if self.batcher is not None:
+                outs = self.batcher.run(request.x, mask, self.output_names)
+            else:
+                outs = self.run({"input": request.x, "padding_mask": mask}, self.output_names)
+        check_finite(outs[0], "output")
+        stats = [(n, outs[1 + 2 * i], outs[2 + 2 * i]) for i, n in enumerate(self.layer_norms)]
+        validation = None
+        if request.validate:
+            ref, _ = reference.encoder(request.x, self.weights, self.config, mask)
+            diff = float(np.abs(outs[0] - ref).max())
+            atol = self.validate_atol
+            validation = {"reference": "numpy", "max_abs_diff": diff, "atol": atol, "passed": diff <= atol}
+        return EncodeOutput(outs[0], stats, self.info, validation)
+
+    def warm_up(self) -> tuple[float, float]:
+        rng = np.random.default_rng(20261121)
+        x = rng.standard_normal((2, 7, self.config.d_model)).astype(np.float32)
+        mask = np.zeros((2, 7), dtype=bool)
+        mask[1, 4:] = True
+        out = self.infer(EncodeInput(x, mask, self.limits, validate=True))
+        assert out.validation is not None
+        return out.validation["max_abs_diff"], self.validate_atol
+
+
+def _load_weights(path: Path, expected: str) -> dict[str, np.ndarray]:
+    verify(path, expected)
+    with np.load(path, allow_pickle=False) as npz:  # no pickle: weights are plain arrays
+        return {k: npz[k].astype(np.float64) for k in npz.files}

@@ -1,0 +1,135 @@
+"""The layernorm kind: one graph for any rank, eps, eps_mode, gamma and beta, conditioned to stay float64-faithful.
+
+The graph normalizes (rows, cols) float32 with gamma and beta as inputs and eps per row
+(eps_var, eps_std); any N-D input is a (rows, cols) view of itself, so one graph serves
+every normalized_shape. app/core/conditioning.py makes the float32 kernel faithful to the
+float64 math (spec section 1); the statistics are its float64 sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from app.core import reference
+from app.core.conditioning import condition_rows, refine_rows
+from app.core.dataplane import Fields, NormalizeInput, NormalizeOutput
+from app.core.model import FLOAT, Model, Signature, TensorSpec
+from app.core.tensors import check_finite
+
+FLOAT32_ULP = 2.0**-23
+CHUNK_ELEMENTS = 1 << 18  # rows of a larger input run in chunks of about this many elements (1 MiB)
+NORMALIZE_ATOL = 1e-5  # times max(1, |gamma|): the fidelity promise of spec section 1
+WARM_UP_ATOL = 2 * NORMALIZE_ATOL  # the warm-up's gamma stays within 2
+
+INPUTS: Signature = [
+    ("input", ["rows", "cols"]),
+    ("gamma", ["cols"]),
+    ("beta", ["cols"]),
+    ("eps_var", ["rows", 1]),
+    ("eps_std", ["rows", 1]),
+]
+OUTPUTS: Signature = [("output", ["rows", "cols"]), ("mean", ["rows", 1]), ("inv_std_dev", ["rows", 1])]
+KERNEL_OUTPUTS = [name for name, _ in OUTPUTS]
+
+
+class LayerNormModel(Model):
+    """V2: `input` of any rank >= 1 (metadata [-1]: Triton has no notation for any rank), optional `gamma`
+    and `beta` of input.shape[-k:]; outputs `output`, `mean` and `inv_std_dev` (input.shape[:-k]),
+    with k the request parameter normalized_ndim."""
+
+    kind = "layernorm"
+    parameters = ("eps", "eps_mode", "normalized_ndim")
+    inputs = (
+        TensorSpec("input", FLOAT, (-1,)),
+        TensorSpec("gamma", FLOAT, (-1,), optional=True),
+        TensorSpec("beta", FLOAT, (-1,), optional=True),
+    )
+    outputs = tuple(TensorSpec(n, FLOAT, (-1,)) for n in ("output", "mean", "inv_std_dev"))
+
+    def from_tensors(self, tensors: Mapping[str, np.ndarray], params: Mapping[str, Any], f: Fields) -> NormalizeInput:
+        x = tensors["input"]
+        eps, mode, k = params.get("eps", 1e-5), params.get("eps_mode", "var"), params.get("normalized_ndim", 1)
+        return NormalizeInput(x, k, eps, mode, tensors.get("gamma"), tensors.get("beta"), fields=f)
+
+    def to_tensors(self, result: NormalizeOutput) -> dict[str, np.ndarray]:
+        # inv_std_dev from the float64 variance, so FP64 clients get every digit it has.
+        return {"output": result.output, "mean": result.mean, "inv_std_dev": result.inv_std_dev}
+
+    def infer(self, request: NormalizeInput) -> NormalizeOutput:
+        """Layer norm by the chosen backend, optionally checked against the other."""
+        return normalize(self, request)
+
+    def warm_up(self) -> tuple[float, float]:
+        rng = np.random.default_rng(20261121)
+        x = (rng.standard_normal((3, 5, 16)) * 4 + 100).astype(np.float32)
+        g = (1 + 0.1 * rng.standard_normal((5, 16))).astype(np.float32)
+        diffs = []
+        for mode in ("var", "std"):
+            out = normalize(self, NormalizeInput(x, 2, 1e-5, mode, g, -g, validate=True))
+            assert out.validation is not None
+            diffs.append(out.validation["max_abs_diff"])
+        return max(diffs), WARM_UP_ATOL
+
+    def normalize_rows(self, x2: np.ndarray, req: NormalizeInput) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The graph on (R, D) float32 rows, in chunks: output R,D float32, mean and var R float64."""
+        D = x2.shape[1]
+        gamma = np.ones(D, np.float32) if req.gamma is None else req.gamma.reshape(D)
+        beta = np.zeros(D, np.float32) if req.beta is None else req.beta.reshape(D)
+        step = max(1, CHUNK_ELEMENTS // D)  # rows per run
+        if len(x2) <= step:
+            return self._run_rows(x2, req, gamma, beta)
+        # Rows are independent: a large input runs in row chunks, so the conditioned copy and the graph's
+        # intermediates (4 tensors the size of the input) exist for one chunk at a time (peak RSS, measured).
+        out, mean, var = np.empty(x2.shape, np.float32), np.empty(len(x2)), np.empty(len(x2))  # R,D  R  R
+        for i in range(0, len(x2), step):
+            part = slice(i, i + step)
+            out[part], mean[part], var[part] = self._run_rows(x2[part], req, gamma, beta)
+        return out, mean, var
+
+    def _run_rows(
+        self, x2: np.ndarray, req: NormalizeInput, gamma: np.ndarray, beta: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rows = condition_rows(x2, req.eps, req.eps_mode)
+        feeds = {"input": rows.x, "gamma": gamma, "beta": beta, "eps_var": rows.eps_var, "eps_std": rows.eps_std}
+        with np.errstate(over="ignore"):
+            out, kernel_mean, kernel_inv_std = self.run(feeds, KERNEL_OUTPUTS)
+            refine_rows(rows, out, kernel_mean, kernel_inv_std, gamma, beta)
+        return out, rows.mean, rows.var
+
+
+def normalize(model: LayerNormModel, req: NormalizeInput) -> NormalizeOutput:
+    """onnxruntime or the NumPy reference computes the output; `validate` runs the other and compares."""
+    onnx = _normalize_onnx(model, req) if req.backend == "onnxruntime" or req.validate else None
+    ref = _normalize_numpy(req) if req.backend == "numpy" or req.validate else None
+    chosen = onnx if req.backend == "onnxruntime" else ref
+    assert chosen is not None
+    output, mean, var = chosen
+    check_finite(output, "output")
+    validation = None
+    if onnx is not None and ref is not None:
+        validation = _compare(req, onnx[0], ref[0])
+    info = model.info if req.backend == "onnxruntime" else None
+    return NormalizeOutput(output, mean, var, req.eps, req.eps_mode, req.backend, info, validation)
+
+
+def _normalize_onnx(model: LayerNormModel, req: NormalizeInput) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    x2 = np.ascontiguousarray(req.x).reshape(-1, req.cols)  # R,D view: any rank, any k
+    out, mean, var = model.normalize_rows(x2, req)
+    return out.reshape(req.x.shape), mean.reshape(req.batch_shape), var.reshape(req.batch_shape)
+
+
+def _normalize_numpy(req: NormalizeInput) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r = reference.layer_norm(req.x, req.k, req.eps, req.eps_mode, req.gamma, req.beta)
+    return r.output, r.mean, r.var
+
+
+def _compare(req: NormalizeInput, got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
+    gamma_max = 1.0 if req.gamma is None else max(1.0, float(np.abs(req.gamma).max()))
+    # float32 cannot hold the output closer than its own rounding: add half an ulp of the largest value.
+    atol = NORMALIZE_ATOL * gamma_max + FLOAT32_ULP * float(np.abs(ref).max())
+    diff = float(np.abs(got - ref).max())
+    other = "numpy" if req.backend == "onnxruntime" else "onnxruntime"
+    return {"reference": other, "max_abs_diff": diff, "atol": atol, "passed": diff <= atol}

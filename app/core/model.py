@@ -1,0 +1,148 @@
+"""What every model kind is: its ONNX signature, its V2 tensors, its feeds, its warm-up; one class per kind.
+
+This module and the kinds (app/core/layernorm.py, app/core/encoder.py) are the contract between
+the exporter, which writes graphs with exactly these signatures (app/export/), and the server,
+which loads them (app/core/runtime.py): no torch here. Adding a kind means adding one subclass
+and naming it in `app.core.runtime.KINDS`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import onnxruntime as ort
+
+from app.core.dataplane import Fields, ModelInfo
+from app.errors import InvalidInput
+from app.settings import Settings
+
+# (name, shape) in graph order; a str dim is a named dynamic axis, an int a fixed size.
+Signature = list[tuple[str, list[str | int]]]
+# Told of every onnxruntime run: (model, version, seconds, rows in the batch).
+RunObserver = Callable[[str, str, float, int], None]
+FLOAT = ("FP32", "FP64")  # accepted for float inputs; FP64 is cast once to float32
+PLATFORM = "onnxruntime_onnx"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output as V2 model metadata reports it; -1 is a dim of any size."""
+
+    name: str
+    datatypes: tuple[str, ...]  # accepted on input; metadata reports the first
+    shape: tuple[int, ...]
+    optional: bool = False
+
+    def metadata(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatypes[0], "shape": list(self.shape)}
+
+
+class ModelLoadError(RuntimeError):
+    """A model file that is missing, does not match its sha256, or fails its parity warm-up."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What the runtime hands a kind: the manifest's entry, the verified file and its session."""
+
+    entry: Mapping[str, Any]
+    path: Path
+    session: ort.InferenceSession
+    settings: Settings
+    observe: RunObserver
+    in_flight: Callable[[], int] | None = None  # requests in this worker: a batch stops waiting when all are in
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify(path: Path, expected: str) -> None:
+    """ModelLoadError unless the file is there with the manifest's sha256."""
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: model file missing")
+    actual = sha256_of(path)
+    if actual != expected:
+        raise ModelLoadError(f"{path}: sha256 {actual} does not match the manifest's {expected}")
+
+
+class Model(ABC):
+    """One loaded model version: a session built once, run by every request thread (onnxruntime is thread-safe)."""
+
+    kind: ClassVar[str]
+    inputs: tuple[TensorSpec, ...]  # the V2 view, built once at load
+    outputs: tuple[TensorSpec, ...]
+    parameters: ClassVar[tuple[str, ...]] = ()  # V2 request parameters the model reads
+
+    def __init__(self, loaded: Loaded) -> None:
+        entry = loaded.entry
+        self.info = ModelInfo(str(entry["name"]), str(entry.get("version", "1")), str(entry["sha256"]))
+        self.path = loaded.path
+        self.session = loaded.session
+        self.parity: dict[str, Any] = dict(entry.get("parity", {}))
+        self.load_seconds = 0.0
+        self._observe = loaded.observe
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def version(self) -> str:
+        return self.info.version
+
+    @property
+    def sha256(self) -> str:
+        return self.info.sha256
+
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
+        """One onnxruntime run, merged batches included: each is observed (metrics, Triton's execution count)."""
+        start = time.perf_counter()
+        result: list[np.ndarray] = self.session.run(outputs, dict(feeds))
+        self._observe(self.name, self.version, time.perf_counter() - start, len(feeds["input"]))
+        return result
+
+    @functools.cached_property
+    def metadata(self) -> dict[str, Any]:
+        """V2 model metadata (GET /v2/models/{name}), built once."""
+        return {
+            "name": self.name,
+            "versions": [self.version],
+            "platform": PLATFORM,
+            "inputs": [t.metadata() for t in self.inputs],
+            "outputs": [t.metadata() for t in self.outputs],
+        }
+
+    def check_tensors(self, tensors: Mapping[str, np.ndarray], f: Fields) -> None:
+        """Every required V2 input is there (the codec has refused unknown names and datatypes)."""
+        for spec in self.inputs:
+            if not spec.optional and spec.name not in tensors:
+                raise InvalidInput(f"required input missing for model {self.name!r}", f"inputs.{spec.name}")
+
+    @abstractmethod
+    def from_tensors(self, tensors: Mapping[str, np.ndarray], params: Mapping[str, Any], f: Fields) -> Any:
+        """The data plane's input from V2 tensors and parameters (HTTP and gRPC alike)."""
+
+    @abstractmethod
+    def infer(self, request: Any) -> Any:
+        """The data plane: this kind's input in, its output out."""
+
+    @abstractmethod
+    def to_tensors(self, result: Any) -> dict[str, np.ndarray]:
+        """Every V2 output by name, float32 or float64 (the codec casts to the wire datatype)."""
+
+    @abstractmethod
+    def warm_up(self) -> tuple[float, float]:
+        """Run on fixed inputs against the NumPy reference: (max abs diff, its tolerance)."""

@@ -1,0 +1,52 @@
+"""The ASGI app: `create_app(settings)` builds one Worker and mounts every protocol's routes on it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio.to_thread
+from fastapi import FastAPI
+
+from app import __version__
+from app.server import logs, metrics
+from app.server.api import errors, health, playground
+from app.server.api import metrics as metrics_api
+from app.server.api.rest import routes as rest
+from app.server.api.v2 import routes as v2
+from app.server.observability import ObservabilityMiddleware
+from app.server.worker import Worker
+from app.settings import Settings
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    worker: Worker = app.state.worker
+    logs.configure(worker.settings.log_level)
+    metrics.reap_dead_workers()
+    # The threadpool runs every inference; it must admit as many as the in-flight limit does.
+    anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, worker.settings.max_in_flight)
+    starting = asyncio.create_task(asyncio.to_thread(worker.start))  # liveness answers meanwhile
+    worker.drain.install()  # SIGTERM: not ready at once, in-flight requests finish, then uvicorn's shutdown
+    yield
+    worker.drain.uninstall()
+    worker.admission.draining = True
+    await starting
+    metrics.worker_exit()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    app = FastAPI(
+        title="normserve",
+        version=__version__,
+        summary="Layer normalization and a Transformer encoder, served over HTTP and the Open Inference Protocol.",
+        lifespan=lifespan,
+    )
+    app.state.worker = Worker(settings or Settings())
+    errors.install(app)
+    app.add_middleware(ObservabilityMiddleware)  # pure ASGI: request ids, request metrics, the JSON log line
+    for router in (rest.router, health.router, v2.router, metrics_api.router):
+        app.include_router(router)
+    playground.install(app)  # GET / and /static
+    return app
