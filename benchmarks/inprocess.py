@@ -19,6 +19,7 @@ from pydantic import TypeAdapter
 
 from app.core import reference
 from app.core.dataplane import NormalizeInput, NormalizeOutput
+from app.core.encoder import EncoderModel
 from app.core.model import Model
 from app.core.runtime import Runtime
 from app.core.tensors import dumps, encode_json_tensor
@@ -320,7 +321,8 @@ def shape_label(shape: tuple[int, ...]) -> str:
 def merged_runs(runtime: Runtime, seqs: list[int], budget_s: float, batch: int = 8) -> list[dict[str, Any]]:
     """Thread CPU time of `batch` runs of one sequence against one run of `batch`, per seq length (the encoder)."""
     model = runtime.get("encoder")
-    names = ["output"] + [f"{n}.{s}" for n in model.layer_norms for s in ("mean", "std")]
+    assert isinstance(model, EncoderModel)
+    names = model.output_names
     rows = []
     for seq in seqs:
         one, many = sample((1, seq, 128)), sample((batch, seq, 128))

@@ -135,8 +135,7 @@ HOSTILE: list[Any] = [
             LN: "data: element [0, 0] = 1e+39 is outside float32's finite range (|x| <= 3.402823e+38)",
             ENC: "data: element [0, 0] = 1e+39 is outside float32's finite range (|x| <= 3.402823e+38)",
             LN_V2: "inputs.input: element [0, 0] = 1e+39 is outside float32's finite range (|x| <= 3.402823e+38)",
-            ENC_V2: "inputs.input: element [0, 0, 0] = 1e+39 is outside float32's finite range"
-            " (|x| <= 3.402823e+38)",
+            ENC_V2: "inputs.input: element [0, 0, 0] = 1e+39 is outside float32's finite range (|x| <= 3.402823e+38)",
         },
         id="number-40-digits",
     ),
