@@ -8,7 +8,8 @@ from typing import Any
 
 import httpx
 import pytest
-from live_server import MODELS, live_server
+
+from tests.live_server import MODELS, live_server
 
 # ---- serving: live uvicorn server and in-process runtime -------------------------------------
 

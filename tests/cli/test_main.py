@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from live_server import MODELS, ROOT
+
+from tests.live_server import MODELS, ROOT
 
 NORMSERVE = Path(sys.executable).parent / "normserve"
 SMALL = ["--d-model", "16", "--num-heads", "2", "--d-ff", "32", "--num-layers", "1", "--max-sequence-length", "32"]

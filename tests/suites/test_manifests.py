@@ -9,11 +9,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from live_server import ROOT
 from starlette.routing import Match
 
 from app.main import app
 from app.settings import Settings
+from tests.live_server import ROOT
 
 # A Kubernetes version whose schemas kubernetes-validate ships (nothing is downloaded); strict = unknown fields fail.
 K8S_VERSION = "1.32.0"

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 import pytest
-from live_server import server_process
+
+from tests.live_server import server_process
 
 ACCEPTED_S = 0.3  # a binary body of a few MiB is read within this on loopback
 READY_WITHIN_S = 0.1  # spec: readiness answers 503 "at once"

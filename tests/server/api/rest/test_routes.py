@@ -7,10 +7,10 @@ import json
 import httpx
 import numpy as np
 import pytest
-from live_server import MODELS
 
 from app.core import reference
 from app.core.seeds import LAYER_NORM_EXAMPLES, SEED003, LayerNormExample
+from tests.live_server import MODELS
 
 ATOL = 1e-4  # the float32 service against the seeds' numbers (or their own precision, where coarser)
 

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import httpx
 import numpy as np
 import pytest
-from live_server import live_server
 
 from app.core.seeds import SEED003
 from app.server.api.errors import printable
+from tests.live_server import live_server
 
 LN_V2 = "/v2/models/layernorm/infer"
 ENC_V2 = "/v2/models/encoder/infer"

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_server import ROOT
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from app.core.reference import EncoderConfig, layer_norm_names
 from app.core.seeds import SEED000, SEED003
+from tests.live_server import ROOT
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's package (scripts/system-deps.sh); never a browser download
 # Without the background-networking switches Chromium keeps calling Google's services, which this network lacks.

@@ -18,6 +18,7 @@ import pytest
 
 from app.core import reference
 from app.core.runtime import Runtime
+from tests.live_server import ROOT
 
 ENDPOINTS = ["/normalize", "/encode", "/v2/models/layernorm/infer", "/v2/models/encoder/infer"]
 D = 128  # d_model of the default export
@@ -419,7 +420,7 @@ def test_wrong_content_length_gets_400_or_a_closed_connection(
 
 # ---- security: no pickle, eval or shell on the request path; no traceback or path in a 500 ----
 
-APP = Path(__file__).resolve().parents[1] / "app"
+APP = ROOT / "app"
 FORBIDDEN = {
     "pickle": re.compile(r"\bimport pickle\b|\bpickle\.|allow_pickle\s*=\s*True|\bmarshal\b"),
     "eval/exec": re.compile(r"(?<![\w.])(eval|exec|compile|__import__)\("),

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_server import MODELS, ROOT, cli_server
+
+from tests.live_server import MODELS, ROOT, cli_server
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 

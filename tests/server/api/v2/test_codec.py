@@ -18,10 +18,10 @@ import httpx
 import numpy as np
 import orjson
 import pytest
-from live_server import MODELS, live_server
 
 from app.core.runtime import Runtime
 from app.core.seeds import SEED003
+from tests.live_server import MODELS, live_server
 
 LN = "/v2/models/layernorm/infer"
 ENC = "/v2/models/encoder/infer"

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from live_server import live_server
 
 from app.core import reference
 from app.core.batching import Batcher
+from tests.live_server import live_server
 
 BATCH_ENV = {"NORMSERVE_BATCH_MAX_SIZE": "8", "NORMSERVE_BATCH_DELAY_US": "2000"}
 SAME_AS_UNBATCHED = 1e-6  # the same kernels on the same rows; only a different blocking could change a bit

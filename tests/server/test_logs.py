@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-from live_server import MODELS, cli_server, server_env
 
 from benchmarks import servers
+from tests.live_server import MODELS, cli_server, server_env
 
 SECRET = 0.123456789  # a value in request bodies; it must never reach the logs
 QUERY_SECRET = "0.987654321"

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
-from live_server import MODELS
 
 from app.core import reference
 from app.core.reference import EncoderConfig
+from tests.live_server import MODELS
 
 LAYERNORM_ATOL = 1e-5  # float32 kernel vs float64 math on unit-scale data
 ENCODER_ATOL = 1e-4

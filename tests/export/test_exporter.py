@@ -23,7 +23,7 @@ from app.core.reference import EncoderConfig, layer_norm_names
 from app.export.exporter import ParityError, export_models, main
 from app.export.modules import CheckpointError, seeded_encoder
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = EncoderConfig(d_model=16, num_heads=2, d_ff=32, num_layers=1, max_sequence_length=32)
 SMALL_FLAGS = [
     "--d-model",

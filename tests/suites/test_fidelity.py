@@ -27,10 +27,10 @@ import pytest
 import tritonclient.http as th
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from live_server import ROOT
 
 from app.core import reference
 from app.core.tensors import FLOAT32_MAX
+from tests.live_server import ROOT
 
 
 def _load_script() -> Any:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_server import ROOT, cli_server, server_env
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.live_server import ROOT, cli_server, server_env
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 MODEL_NAMES = ["encoder", "encoder-preln", "layernorm"]

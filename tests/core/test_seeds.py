@@ -7,15 +7,15 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from app.core import reference, seeds
 from app.core.seeds import LAYER_NORM_EXAMPLES, SEED002_POSITIONAL_ENCODING, LayerNormExample
+from tests.live_server import ROOT
 
-APP = Path(__file__).resolve().parents[1] / "app"
+APP = ROOT / "app"
 
 
 @pytest.mark.parametrize("example", LAYER_NORM_EXAMPLES, ids=lambda e: e.name)

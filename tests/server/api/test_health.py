@@ -10,7 +10,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_server import MODELS, live_server
+
+from tests.live_server import MODELS, live_server
 
 
 def test_ready_and_live_when_models_verified(client: httpx.Client) -> None:

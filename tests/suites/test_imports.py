@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from live_server import ROOT
+from tests.live_server import ROOT
 
 
 def test_importing_the_app_does_not_import_torch_or_onnx() -> None:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_server import ROOT, server_process
-from loadgen import Tally, mixed_cases, run_load
 
 from app.core.runtime import Runtime
+from tests.live_server import ROOT, server_process
+from tests.loadgen import Tally, mixed_cases, run_load
 
 NGINX = Path("/usr/sbin/nginx")
 DEPLOY = ROOT / "deploy" / "nginx"

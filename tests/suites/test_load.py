@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
-from live_server import server_process
-from loadgen import Tally, mixed_cases, run_load
 
 from app.core.runtime import Runtime
+from tests.live_server import server_process
+from tests.loadgen import Tally, mixed_cases, run_load
 
 SECONDS = 60.0
 CONCURRENCY = 32
