@@ -54,6 +54,8 @@ def _convert(node: Any, path: Path, is_tensor: Callable[[Path], bool], lists: li
         keys = list(node.keys())  # not items(): it would turn every value into Python objects
         if len(set(keys)) != len(keys):
             raise _Unsure  # duplicate keys: orjson's rule (the last wins) decides
+        if any("\x00" in key for key in keys):
+            raise _Unsure  # simdjson looks a key up as a C string, which a NUL cuts short: it would not find it
         return {key: _convert(node[key], (*path, key), is_tensor, lists) for key in keys}
     if isinstance(node, simdjson.Array):
         if is_tensor(path):

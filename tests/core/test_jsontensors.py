@@ -67,8 +67,9 @@ def test_random_tensors_round_trip_exactly(seed: int) -> None:
         b'{"data": [NaN]}',  # not JSON
         b'{"data": [01]}',  # not JSON
         b'{"data": [1, 2]',  # truncated
+        b'{"data": [1, 2], "a\\u0000b": 1}',  # a key simdjson cannot look up: a NUL ends its C string
     ],
-    ids=["hidden-level", "duplicate-key", "overflow", "nan-token", "leading-zero", "truncated"],
+    ids=["hidden-level", "duplicate-key", "overflow", "nan-token", "leading-zero", "truncated", "nul-in-key"],
 )
 def test_unsure_bodies_fall_back_to_orjson(body: bytes) -> None:
     assert jsontensors.loads(body, _data) is None
