@@ -5,15 +5,20 @@
     │   └── MalformedBody                not JSON, or not the declared binary layout   400
     ├── PayloadTooLarge                  over max_body_bytes                413
     ├── UnsupportedMediaType             Content-Type not application/json  415
+    ├── BodyTimeout                      body not in full in body_timeout_s 408, and the connection closed
     ├── ModelNotFound (LookupError)      unknown model or version           404
+    ├── ModelControlDisabled             repository load/unload: no explicit model control   403
     ├── Overloaded                       over max_in_flight                 503 + Retry-After
     ├── NotReady                         models not verified, or draining   503 + Retry-After
     └── Timeout (TimeoutError)           past request_timeout_s             504
 
-The one table mapping them to HTTP statuses is `status_for` below; app/server/api/errors.py uses it.
+The one table mapping them to HTTP statuses is `status_for` below; app/server/api/errors.py uses it,
+and app/server/api/grpc/calls.py maps those statuses on to gRPC status codes.
 """
 
 from __future__ import annotations
+
+import reprlib
 
 
 class NormserveError(Exception):
@@ -41,8 +46,16 @@ class UnsupportedMediaType(NormserveError):
     """A Content-Type that is not JSON."""
 
 
+class BodyTimeout(NormserveError):
+    """A request body that did not arrive in time: a slow client must not hold its socket for ever."""
+
+
 class ModelNotFound(NormserveError, LookupError):
     """An unknown model name or version."""
+
+
+class ModelControlDisabled(NormserveError):
+    """A request to load or unload a model: the models are fixed at start-up (no explicit model control)."""
 
 
 class Overloaded(NormserveError):
@@ -63,7 +76,9 @@ _STATUS: dict[type[NormserveError], tuple[int, int]] = {
     InvalidInput: (422, 400),
     PayloadTooLarge: (413, 413),
     UnsupportedMediaType: (415, 415),
+    BodyTimeout: (408, 408),
     ModelNotFound: (404, 404),
+    ModelControlDisabled: (403, 403),
     Overloaded: (503, 503),
     NotReady: (503, 503),
     Timeout: (504, 504),
@@ -71,6 +86,19 @@ _STATUS: dict[type[NormserveError], tuple[int, int]] = {
 }
 
 RETRY_AFTER_S = 1
+
+# Plain repr recurses once per level: a JSON array nested 1,000 deep (orjson parses up to 1,024) went past
+# Python's recursion limit inside an error message, a 500; and it copies a 64 MiB value whole before the
+# message is cut to 1,000 characters. reprlib bounds both (and lists a dict's keys sorted).
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel = 4
+_SHOWN.maxlist = _SHOWN.maxdict = 16
+_SHOWN.maxstring = _SHOWN.maxother = _SHOWN.maxlong = 120
+
+
+def shown(value: object) -> str:
+    """A client's value quoted in an error message: its repr, bounded in depth and length."""
+    return _SHOWN.repr(value)
 
 
 def status_for(exc: NormserveError, v2: bool) -> int:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _lower(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
 
 
 class Settings(BaseSettings):
@@ -17,11 +22,15 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address `normserve serve` binds to.")
     port: int = Field(8000, ge=0, le=65535, description="Port `normserve serve` listens on.")
     workers: int = Field(1, ge=1, description="uvicorn worker processes for `normserve serve`.")
+    # Every worker serves it on the same port (SO_REUSEPORT, grpc's default on Linux): app/server/api/grpc/server.py.
+    grpc_port: int = Field(8001, ge=0, le=65535, description="Port of the gRPC Open Inference Protocol (0 = off).")
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest request body, also after decompression.")
     max_elements: int = Field(16_777_216, ge=1, description="Largest element count of any one tensor.")
     max_depth: int = Field(32, ge=1, description="Deepest JSON nesting of arrays, which bounds a tensor's rank.")
     max_in_flight: int = Field(64, ge=1, description="Inference requests per worker at once; more get 503.")
     request_timeout_s: float = Field(60.0, gt=0, description="Longest a request may wait for its inference.")
+    # From the moment the route starts reading: a client that trickles its body gets 408 and a closed connection.
+    body_timeout_s: float = Field(30.0, gt=0, description="Longest a request body may take to arrive; then 408.")
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish.")
     # 1, measured (docs/benchmarks.md, threads table): requests run concurrently in threads, and workers = cores,
     # so runs overlap, and then a second intra-op thread only fights them: with two callers at (8,128,768),
@@ -35,5 +44,7 @@ class Settings(BaseSettings):
     batch_max_size: int = Field(8, ge=1, description="Dynamic batching: most requests merged into one run (1 = off).")
     batch_delay_us: int = Field(2000, ge=0, description="Dynamic batching: how long a batch waits to fill.")
     batch_max_seq_len: int = Field(64, ge=1, description="Dynamic batching: longer sequences are never merged.")
-    log_level: str = Field("info", description="Log level: debug, info, warning, error.")
+    log_level: Annotated[Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(_lower)] = Field(
+        "info", description="Log level: debug, info, warning, error, critical."
+    )
     validate_atol: float = Field(1e-4, gt=0, description="Tolerance of `validate: true` for the encoders.")

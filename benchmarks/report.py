@@ -159,7 +159,9 @@ def _http(results: dict[str, Any]) -> list[str]:
             f"Closed loop, {results['meta']['http_seconds']:g} s per cell, one worker per server, the client in the "
             "benchmark's process on the same 2 cores. normserve answers `output` plus statistics; the peers "
             "`output` only (the V2 requests ask for `output` alone). Server CPU is the server process's user + "
-            "system time per request (/proc/PID/stat), which other load on the machine disturbs least.\n",
+            "system time per request (/proc/PID/stat), which other load on the machine disturbs least. The gRPC rows "
+            "are normserve's ModelInfer with raw tensors on its gRPC port, from grpc.aio clients (one channel each, "
+            "the request serialized once), a heavier client than the raw HTTP loop.\n",
             _table(
                 ["server", "protocol", "shape", "concurrency", *LOAD_COLUMNS, "requests"],
                 (

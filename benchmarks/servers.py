@@ -144,10 +144,16 @@ def normserve_command() -> list[str]:
 
 
 @contextmanager
-def serve(name: str, env: Mapping[str, str] | None = None, model_dir: Path | None = None) -> Iterator[Server]:
-    """Start one server (normserve, naive or kserve), wait until it answers ready, stop it on exit."""
+def serve(
+    name: str, env: Mapping[str, str] | None = None, model_dir: Path | None = None, grpc_port: int = 0
+) -> Iterator[Server]:
+    """Start one server (normserve, naive or kserve), wait until it answers ready, stop it on exit.
+
+    grpc_port: normserve and kserve also serve gRPC there (0: no gRPC; never 8001, which two servers would share
+    under SO_REUSEPORT)."""
     models = model_dir or ROOT / "models"
-    full_env = {**os.environ, "NORMSERVE_MODEL_DIR": str(models), "NORMSERVE_LOG_LEVEL": "warning", **(env or {})}
+    base = {"NORMSERVE_MODEL_DIR": str(models), "NORMSERVE_LOG_LEVEL": "warning", "NORMSERVE_GRPC_PORT": str(grpc_port)}
+    full_env = {**os.environ, **base, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     layernorm = str(models / "layernorm.onnx")
     port = None if name == "normserve" else free_port()  # the peers take a port, not an --fd socket
@@ -159,6 +165,7 @@ def serve(name: str, env: Mapping[str, str] | None = None, model_dir: Path | Non
     elif name == "kserve":
         cmd = [str(KSERVE_VENV / "bin" / "python"), str(ROOT / "benchmarks/peers/kserve_model.py")]
         cmd += ["--model_path", layernorm, "--http_port", str(port)]
+        cmd += ["--grpc_port", str(grpc_port)] if grpc_port else []
         full_env["KSERVE_LOGLEVEL"] = "WARNING"  # no log line per request, as normserve at warning
         ready = "/v2/models/layernorm/ready"
     else:

@@ -1,4 +1,4 @@
-"""Sections 3 to 5, over HTTP on 127.0.0.1: normserve beside its peers, dynamic batching, peak memory."""
+"""Sections 3 to 5, over HTTP (and gRPC) on 127.0.0.1: normserve beside its peers, dynamic batching, peak memory."""
 
 from __future__ import annotations
 
@@ -13,17 +13,18 @@ import numpy as np
 import orjson
 
 from app.core import reference
-from benchmarks import servers
+from benchmarks import grpc_load, servers
 from benchmarks.inprocess import binary_request, sample
 from benchmarks.load import Request, check, load
 
 LAYERNORM_INFER = "/v2/models/layernorm/infer"
+GRPC = "gRPC"  # ModelInfer with raw tensors on NORMSERVE_GRPC_PORT (benchmarks/grpc_load.py)
 JSON = {"Content-Type": "application/json"}
 # Which protocols each server speaks (the naive peer has only its /normalize; KServe only V2).
 PROTOCOLS = {
-    "normserve": ("/normalize JSON", "V2 JSON", "V2 binary"),
+    "normserve": ("/normalize JSON", "V2 JSON", "V2 binary", GRPC),
     "naive": ("/normalize JSON",),
-    "kserve": ("V2 JSON", "V2 binary"),
+    "kserve": ("V2 JSON", "V2 binary", GRPC),
 }
 MATCH_ATOL = 1e-4  # every server's answer is checked against the NumPy reference before it is timed
 
@@ -64,10 +65,14 @@ def output_of(protocol: str, response: httpx.Response) -> np.ndarray:
 
 
 def _verifier(protocol: str, x: np.ndarray) -> Callable[[httpx.Response], None]:
+    verify = _array_verifier(protocol, x)
+    return lambda response: verify(output_of(protocol, response))
+
+
+def _array_verifier(protocol: str, x: np.ndarray) -> Callable[[np.ndarray], None]:
     want = reference.layer_norm(x, 1, 1e-5, "var").output
 
-    def verify(response: httpx.Response) -> None:
-        got = output_of(protocol, response)
+    def verify(got: np.ndarray) -> None:
         diff = float(np.abs(got.reshape(want.shape) - want).max())
         if not diff <= MATCH_ATOL:
             raise RuntimeError(f"{protocol}: answer differs from the reference by {diff:.3g}")
@@ -79,22 +84,33 @@ def http_section(plan: HttpPlan, log: Callable[[str], None]) -> list[dict[str, A
     """Section 3: every (server, protocol, shape, concurrency) cell, each server in turn, one worker each."""
     rows: list[dict[str, Any]] = []
     for name in plan.servers:
-        with servers.serve(name) as srv:
+        grpc_port = servers.free_port() if GRPC in PROTOCOLS[name] else 0
+        with servers.serve(name, grpc_port=grpc_port) as srv:
             for protocol in PROTOCOLS[name]:
                 for shape in plan.shapes:
                     x = sample(shape)
-                    request = make_request(protocol, x)
-                    check(srv.port, request, _verifier(protocol, x))
+                    run = _cell(protocol, srv.port, grpc_port, x)
                     for conc in plan.concurrencies:
                         if plan.skip(name, shape, conc):
                             continue
                         cpu = servers.cpu_seconds(srv.pid)
-                        result = load(srv.port, request, conc, plan.seconds)
+                        result = run(conc, plan.seconds)
                         cpu = servers.cpu_seconds(srv.pid) - cpu
                         row = {"server": name, "protocol": protocol, "shape": shape, "concurrency": conc}
                         rows.append({**row, **_load_row(result, cpu)})
                         log(f"{name:9} {protocol:16} {shape!s:15} c={conc:<3} {rows[-1]['rps']:9.1f} req/s")
     return rows
+
+
+def _cell(protocol: str, port: int, grpc_port: int, x: np.ndarray) -> Callable[[int, float], Any]:
+    """Check one answer of the cell's request against the reference, then hand back its load: (concurrency, s)."""
+    if protocol == GRPC:
+        message = grpc_load.infer_request(x)
+        grpc_load.check(grpc_port, message, _array_verifier(protocol, x))
+        return lambda conc, seconds: grpc_load.load(grpc_port, message, conc, seconds)
+    request = make_request(protocol, x)
+    check(port, request, _verifier(protocol, x))
+    return lambda conc, seconds: load(port, request, conc, seconds)
 
 
 def batching_section(

@@ -17,7 +17,8 @@ from typing import Any
 
 import orjson
 
-from benchmarks import inprocess, report, servers, serving
+from benchmarks import inprocess, options, report, servers, serving
+from benchmarks.options import SECTIONS
 from benchmarks.serving import HttpPlan, stderr_log
 
 FLOOR_SHAPES: list[tuple[int, ...]] = [(1, 8, 64), (8, 128, 768), (32, 512, 1024)]
@@ -31,7 +32,6 @@ BATCHING_ON = {
     "NORMSERVE_BATCH_MAX_SEQ_LEN": "512",
 }
 MERGE_SEQS = [8, 16, 32, 64, 96, 128]  # where a merged encoder run stops being cheaper per sequence
-SECTIONS = ("floor", "codecs", "http", "batching", "memory")
 
 
 @dataclass
@@ -189,15 +189,11 @@ def _cpuinfo() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="normserve bench", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="~1.5 s per HTTP cell and fewer cells: under 3 minutes")
-    p.add_argument("--with-kserve", action="store_true", help="quick run: create the KServe venv if absent and run it")
-    p.add_argument("--no-kserve", action="store_true", help="leave the KServe peer out")
-    p.add_argument("--out-dir", type=Path, default=servers.ROOT / "docs", help="where benchmarks.md and .png go")
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
-    p.add_argument("--note", default="", help="a sentence for the report, e.g. that the machine was shared")
-    p.add_argument("--render", type=Path, help="only rewrite the report from a saved benchmarks.json")
-    args = p.parse_args(argv)
+    return run_args(options.parse_args(argv))
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """main on flags already parsed (by benchmarks/options.py, which scripts/bench.py reads before httpx is needed)."""
     if args.render:
         results = orjson.loads(args.render.read_bytes())
         args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -211,10 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not args.no_kserve:
         stderr_log(f"quick run without the KServe peer: {servers.KSERVE_VENV} is absent (--with-kserve creates it)")
     cfg = (quick if args.quick else full)(args.out_dir, peers)
-    cfg.sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
-    unknown = set(cfg.sections) - set(SECTIONS)
-    if unknown:
-        p.error(f"unknown sections {sorted(unknown)}; expected some of {','.join(SECTIONS)}")
+    cfg.sections = args.sections
     cfg.note = args.note
     cfg.command = "normserve bench" + (" --quick" if args.quick else "")
     run(cfg)

@@ -17,8 +17,12 @@ MODELS = ROOT / "models"
 
 
 def server_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's environment with the repo's models and warning logs, then env on top."""
-    return {**os.environ, "NORMSERVE_MODEL_DIR": str(MODELS), "NORMSERVE_LOG_LEVEL": "warning", **(env or {})}
+    """This process's environment with the repo's models, warning logs and gRPC off, then env on top.
+
+    gRPC is off unless a test asks (NORMSERVE_GRPC_PORT from benchmarks.servers.free_port()): servers share a port
+    silently under SO_REUSEPORT, so no two test servers may take the default 8001."""
+    base = {"NORMSERVE_MODEL_DIR": str(MODELS), "NORMSERVE_LOG_LEVEL": "warning", "NORMSERVE_GRPC_PORT": "0"}
+    return {**os.environ, **base, **(env or {})}
 
 
 @contextmanager
@@ -53,7 +57,7 @@ def cli_server(
     env is its whole environment, to which the address is added; it is stopped as every server is, by its PID.
     """
     port = free_port()
-    full_env = {**env, "NORMSERVE_HOST": HOST, "NORMSERVE_PORT": str(port)}
+    full_env = {"NORMSERVE_GRPC_PORT": "0", **env, "NORMSERVE_HOST": HOST, "NORMSERVE_PORT": str(port)}
     with _server_process(
         command, port=port, ready=ready, cwd=cwd, env=full_env, timeout=timeout, stop_timeout=30, output=output
     ) as server:

@@ -8,19 +8,25 @@ from pathlib import Path
 from pydantic import ValidationError
 
 
+def needs_extra(command: str, extra: str, module: str | None) -> int:
+    """A command whose optional dependencies are missing says which extra brings them, in one line: exit status 2."""
+    install = f"pip install -e '.[{extra}]'"
+    print(f"normserve {command}: needs the {extra} extra ({module} missing): {install}", file=sys.stderr)
+    return 2
+
+
 def export(argv: list[str]) -> int:
+    from app.export.options import parse_args
+
+    args = parse_args(argv)  # --help and bad flags answer before torch is needed
     try:
-        from app.export.exporter import main as export_main
+        from app.export.exporter import run
     except ImportError as e:  # torch and onnx are the `export` extra, absent from the runtime image
-        print(
-            f"normserve export: needs the export extra ({e.name} missing): pip install 'normserve[export]'",
-            file=sys.stderr,
-        )
-        return 2
+        return needs_extra("export", "export", e.name)
     from app.cli.console import Steps
 
     with Steps("export") as step:
-        return export_main(argv, progress=step)
+        return run(args, progress=step)
 
 
 def _bench(argv: list[str]) -> int:

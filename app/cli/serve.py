@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -34,12 +36,35 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     return p
 
 
+def cannot_listen(host: str, port: int) -> str | None:
+    """Why host:port cannot be listened on, or None: known in a moment here, before minutes of export and loading.
+
+    uvicorn binds only after the app has loaded (and a failed bind then follows a `ready` log line), so this
+    binds first, as uvicorn will, and lets go at once. Something may still take the port in between.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # uvicorn's choice of family
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a port in TIME_WAIT is free
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return f"port {port} on {host} is already in use; choose another with --port or NORMSERVE_PORT"
+            where = "--host or --port (NORMSERVE_HOST, NORMSERVE_PORT)"
+            return f"cannot listen on {host}:{port} ({e.strerror}); change {where}"
+    return None
+
+
 def command(argv: list[str]) -> int:
     settings = Settings()
     p = _parser(settings)
     args = p.parse_args(argv)
     if args.workers < 1:
         p.error(f"--workers must be at least 1, not {args.workers}")
+    reason = cannot_listen(args.host, args.port)
+    if reason:
+        print(f"normserve serve: error: {reason}", file=sys.stderr)
+        return 2
     if not (args.model_dir / "manifest.json").is_file():
         from app.cli.main import export
 

@@ -115,7 +115,7 @@ def _normalize_case(rng: np.random.Generator, case: tuple[Any, ...]) -> tuple[di
         doc.update(gamma=gamma.tolist(), beta=beta.tolist())
     ref = reference.layer_norm(x32, k, eps, mode, gamma, beta).output
     gamma_max = 1.0 if gamma is None else max(1.0, float(np.abs(gamma).max()))
-    # The service's own promise (dataplane): 1e-5 x max(1, |gamma|) plus half an ulp of the largest output.
+    # The service's own promise (app/core/layernorm.py): 1e-5 x max(1, |gamma|) plus 2**-23 x max|output|.
     atol = NORMALIZE_ATOL * gamma_max + FLOAT32_ULP * float(np.abs(ref).max())
     return doc, (ref, atol)
 
@@ -196,7 +196,7 @@ def _parser() -> argparse.ArgumentParser:
         "--atol",
         type=float,
         help="one tolerance for every check (default: each check's own: 1e-5 x max(1, |gamma|) "
-        "plus half a float32 ulp for layernorm, NORMSERVE_VALIDATE_ATOL for the encoders)",
+        "plus 2**-23 x max|output| for layernorm, NORMSERVE_VALIDATE_ATOL for the encoders)",
     )
     return p
 

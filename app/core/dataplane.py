@@ -15,9 +15,10 @@ from typing import Any, Literal
 import numpy as np
 
 from app.core.tensors import to_finite_float
-from app.errors import InvalidInput
+from app.errors import InvalidInput, shown
 
 EPS_MODES = ("var", "std")
+MAX_WARNED_ROWS = 5  # rows named one by one in NormalizeInput.warnings; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -58,15 +59,20 @@ class NormalizeInput:
     backend: Literal["onnxruntime", "numpy"] = "onnxruntime"
     validate: bool = False
     fields: Fields = field(default=Fields(), repr=False, compare=False)
+    # Set here: what the answer should tell the client about its input (rows that float32 rounded together).
+    warnings: tuple[str, ...] = field(default=(), init=False, compare=False)
 
     def __post_init__(self) -> None:
         f = self.fields
         set_ = object.__setattr__  # frozen: the checked, float32 values replace what the codec handed over
-        set_(self, "x", to_finite_float(self.x, f.x))
+        source = np.asarray(self.x)
+        set_(self, "x", to_finite_float(source, f.x))
         check_eps(self.eps, self.eps_mode, f)
         rank = self.x.ndim
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= rank:
-            raise InvalidInput(f"expected an integer in 1..{rank} (the input's rank), got {self.k!r}", f.k)
+            raise InvalidInput(f"expected an integer in 1..{rank} (the input's rank), got {shown(self.k)}", f.k)
+        if source.dtype != np.float32:  # only the cast to float32 can round distinct values together
+            set_(self, "warnings", rounded_together(source, self.x, self.k, f.x))
         for name in ("gamma", "beta"):
             value = getattr(self, name)
             if value is not None:
@@ -92,12 +98,39 @@ class NormalizeInput:
         return self.x.shape[: self.x.ndim - self.k]
 
 
+def rounded_together(source: np.ndarray, x: np.ndarray, k: int, name: str) -> tuple[str, ...]:
+    """A warning per row (up to MAX_WARNED_ROWS) whose distinct values, as sent, all round to one float32 value.
+
+    Such a row is constant to the model: its var is 0 and its output is beta, which reads as a correct
+    answer unless it is said. Only the rows constant in float32 are compared with the values as sent.
+    """
+    rows = x.reshape(-1, math.prod(x.shape[x.ndim - k :]))  # R,D view
+    constant = np.flatnonzero(rows.min(axis=1) == rows.max(axis=1))
+    if not constant.size:
+        return ()
+    sent = source.reshape(rows.shape)[constant]  # c,D: the constant rows, as sent
+    hit = constant[sent.min(axis=1) != sent.max(axis=1)]
+    batch = x.shape[: x.ndim - k]
+
+    def row(r: int) -> str:
+        return f" row {[int(i) for i in np.unravel_index(r, batch)]}:" if batch else ""
+
+    warnings = [
+        f"{name}:{row(r)} its values differ but all round to the same float32, {float(rows[r, 0])}, "
+        "so its var is 0 and its normalized values are 0"
+        for r in hit[:MAX_WARNED_ROWS]
+    ]
+    if hit.size > MAX_WARNED_ROWS:
+        warnings.append(f"{name}: {hit.size - MAX_WARNED_ROWS} more rows whose values all round to one float32 each")
+    return tuple(warnings)
+
+
 def check_eps(eps: Any, eps_mode: Any, f: Fields) -> None:
     """eps a finite number > 0, eps_mode var or std: the one check of both, for every protocol."""
     if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 < eps < math.inf:
-        raise InvalidInput(f"expected a finite number > 0, got {eps!r}", f.eps)
+        raise InvalidInput(f"expected a finite number > 0, got {shown(eps)}", f.eps)
     if eps_mode not in EPS_MODES:
-        raise InvalidInput(f"expected 'var' or 'std', got {eps_mode!r}", f.eps_mode)
+        raise InvalidInput(f"expected 'var' or 'std', got {shown(eps_mode)}", f.eps_mode)
 
 
 @dataclass(frozen=True)
@@ -110,6 +143,7 @@ class NormalizeOutput:
     backend: str
     model: ModelInfo | None
     validation: dict[str, Any] | None
+    warnings: tuple[str, ...] = ()  # the input's (NormalizeInput.warnings)
 
     @property
     def std(self) -> np.ndarray:
@@ -150,8 +184,12 @@ class EncodeInput:
         f, lim = self.fields, self.limits
         x = to_finite_float(self.x, f.x)  # first, so that element indices are the ones the client sent
         mask = self.padding_mask
-        if self.one_sequence and x.ndim == 2:
-            x, mask = x[None], (mask[None] if mask is not None and mask.ndim == 1 else mask)
+        if self.one_sequence and x.ndim == 2:  # checked before it becomes a batch of one: the shapes as sent
+            if mask is not None and mask.shape not in ((len(x),), (1, len(x))):
+                raise InvalidInput(
+                    f"shape {list(mask.shape)} does not match {f.x}'s [seq] = [{len(x)}]", f.padding_mask
+                )
+            x, mask = x[None], None if mask is None else mask.reshape(1, -1)
         if x.ndim != 3:
             expected = f"[batch, seq, {lim.d_model}]" + (f" or [seq, {lim.d_model}]" if self.one_sequence else "")
             raise InvalidInput(f"rank {self.x.ndim} (shape {list(self.x.shape)}); expected {expected}", f.x)

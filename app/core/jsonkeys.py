@@ -55,4 +55,9 @@ def check_unique_keys(text: bytes | bytearray, end: int | None = None) -> None:
     """InvalidInput naming the first key that a JSON object of the request repeats."""
     key = first_duplicate_key(text, end)
     if key is not None:
-        raise InvalidInput("given more than once in one object; send each field once", key[:64])
+        raise duplicate_key(key)
+
+
+def duplicate_key(key: str) -> InvalidInput:
+    """The refusal of a repeated key, wherever it is found (here, or by the fast path of app/core/jsontensors.py)."""
+    return InvalidInput("given more than once in one object; send each field once", key[:64])

@@ -7,7 +7,9 @@ small fields become Python objects.
 
 This is only a fast path. Anything it is not sure of (invalid JSON, a non-number, a ragged
 or too-deep array, a tensor of booleans) returns None or leaves that value as Python lists,
-and the callers then take the orjson path, whose checks write every error message.
+and the callers then take the orjson path, whose checks write every error message. The one
+verdict it gives itself is a key repeated in one object (app/core/jsonkeys.py), which orjson
+cannot see.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import numpy as np
 import orjson
 import simdjson
 
+from app.core.jsonkeys import duplicate_key
+
 Path = tuple[str | int, ...]
 
 
@@ -28,6 +32,14 @@ class _Unsure(Exception):
 
 
 _SHORT_ROWS = 1 << 16  # beyond this many innermost lists the rectangularity walk costs more than it saves
+# NumPy 1 has at most 32 dims (NumPy 2: 64) and reshape raises past them; the checked path's depth limit refuses these.
+_MAX_RANK = 32
+# _convert recurses twice per level (itself and its comprehension): bounded far below Python's recursion limit
+# and orjson's 255 levels, and far above any request's fields (V2: inputs[i].parameters.<name> is 4 deep).
+_MAX_DEPTH = 64
+# simdjson finds a key by a linear scan, so converting an object costs keys²: 100,000 keys took 13 s of CPU.
+# No request has more than a dozen per object; orjson parses larger objects in linear time.
+_MAX_KEYS = 64
 
 
 def loads(body: bytes | bytearray | memoryview, is_tensor: Callable[[Path], bool]) -> Any | None:
@@ -41,7 +53,10 @@ def loads(body: bytes | bytearray | memoryview, is_tensor: Callable[[Path], bool
         doc = _convert(root, (), is_tensor, lists)
     except _Unsure:
         return None
-    skeleton = orjson.dumps(doc, default=lambda _: 0)  # every '[' outside the tensors, strings and keys included
+    try:
+        skeleton = orjson.dumps(doc, default=lambda _: 0)  # every '[' outside the tensors, strings and keys included
+    except orjson.JSONEncodeError:  # a non-numeric tensor left as lists nested past orjson's 255 levels
+        return None
     # A numeric array may hide an extra level ([1, [2]] flattens to the same buffer as [1, 2]); the
     # body's '[' count equals lists + the skeleton's only when every tensor is exactly its shape.
     if _count_open_brackets(body) != lists[0] + skeleton.count(b"["):
@@ -50,10 +65,16 @@ def loads(body: bytes | bytearray | memoryview, is_tensor: Callable[[Path], bool
 
 
 def _convert(node: Any, path: Path, is_tensor: Callable[[Path], bool], lists: list[int]) -> Any:
+    if len(path) > _MAX_DEPTH:
+        raise _Unsure
     if isinstance(node, simdjson.Object):
         keys = list(node.keys())  # not items(): it would turn every value into Python objects
+        if len(keys) > _MAX_KEYS:
+            raise _Unsure
         if len(set(keys)) != len(keys):
-            raise _Unsure  # duplicate keys: orjson's rule (the last wins) decides
+            # Sure of this one: refused here, before the last copy (orjson keeps it) breaks some other rule
+            # and the answer names that rule instead, as `"name"` twice in inputs[0] did.
+            raise duplicate_key(next(k for i, k in enumerate(keys) if k in keys[:i]))
         if any("\x00" in key for key in keys):
             raise _Unsure  # simdjson looks a key up as a C string, which a NUL cuts short: it would not find it
         return {key: _convert(node[key], (*path, key), is_tensor, lists) for key in keys}
@@ -76,6 +97,8 @@ def _numeric(node: simdjson.Array) -> np.ndarray | None:
         if len(probe) == 0:
             return None
         shape.append(len(probe))
+        if len(shape) > _MAX_RANK:
+            raise _Unsure
         probe = probe[0]
     if isinstance(probe, bool) or not isinstance(probe, int | float):
         return None

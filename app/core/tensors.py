@@ -132,15 +132,19 @@ def encode_json_tensor(arr: np.ndarray) -> Any:
     return np.ascontiguousarray(arr)
 
 
-def decode_binary(buffer: memoryview, datatype: str, shape: Sequence[int], field: str) -> np.ndarray:
-    """Raw little-endian row-major bytes -> an array, after checking the byte count against the shape."""
+def decode_binary(
+    buffer: memoryview | bytes, datatype: str, shape: Sequence[int], field: str, size_name: str = "binary_data_size"
+) -> np.ndarray:
+    """Raw little-endian row-major bytes -> an array, after checking the byte count against the shape.
+
+    size_name: what the protocol calls the byte count (HTTP's binary_data_size, gRPC's raw_input_contents)."""
     dt = DATATYPES.get(datatype)
     if dt is None:
         raise InvalidInput(f"datatype {datatype!r} is not supported; expected one of {sorted(DATATYPES)}", field)
     expected = math.prod(shape) * dt.itemsize
     if len(buffer) != expected:
         raise MalformedBody(
-            f"binary_data_size is {len(buffer)} bytes, but shape {list(shape)} of {datatype} needs {expected}", field
+            f"{size_name} is {len(buffer)} bytes, but shape {list(shape)} of {datatype} needs {expected}", field
         )
     return np.frombuffer(buffer, dtype=dt).reshape(shape)
 

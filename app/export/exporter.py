@@ -21,13 +21,12 @@ import app
 from app.core import encoder as encoder_kind
 from app.core import layernorm as layernorm_kind
 from app.core.reference import EncoderConfig, layer_norm_names
-from app.export import graph, parity
+from app.export import graph, options, parity
 from app.export.graph import ExportError
 from app.export.modules import CheckpointError, Encoder, RowLayerNorm, load_checkpoint, seeded_encoder
 
 FORMAT_VERSION = 1
 MIN_OPSET = 18
-CONFIG_FLAGS = ("d_model", "num_heads", "d_ff", "num_layers", "max_sequence_length")  # --d-model ...
 
 Progress = Callable[[str], None]
 
@@ -145,33 +144,19 @@ def _check_parity(
     return {"onnx_vs_torch": vs_torch, "onnx_vs_numpy": vs_numpy, "tolerance": tolerance, "inputs": description}
 
 
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="normserve export",
-        description="Export the LayerNorm and encoder models to ONNX with a manifest; "
-        "refuses to write anything if a model fails onnx.checker or parity against PyTorch and NumPy.",
-    )
-    parser.add_argument("--out-dir", type=Path, default=Path("models"), help="output directory (default: models)")
-    parser.add_argument("--checkpoint", type=Path, help="state_dict for the post-LN encoder (default: seeded)")
-    parser.add_argument("--checkpoint-preln", type=Path, help="state_dict for the pre-LN encoder (default: seeded)")
-    for field in CONFIG_FLAGS:
-        default = getattr(EncoderConfig(), field)
-        parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=default, help=f"default {default}")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the default weights (default 0)")
-    parser.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18)")
-    parser.add_argument("--tolerance", type=float, default=1e-4, help="max abs parity difference (default 1e-4)")
-    return parser.parse_args(argv)
-
-
 def main(argv: Sequence[str] | None = None, progress: Progress | None = None) -> int:
     """`normserve export`: progress on stderr (or to `progress`); on any failure one line of error, exit status 1."""
-    args = _parse_args(argv)
+    return run(options.parse_args(argv), progress)
+
+
+def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
+    """main on flags already parsed (by app.export.options, which the CLI reads before torch is imported)."""
     try:
         export_models(
             args.out_dir,
             checkpoint=args.checkpoint,
             checkpoint_preln=args.checkpoint_preln,
-            config=EncoderConfig(**{field: getattr(args, field) for field in CONFIG_FLAGS}),
+            config=options.config(args),
             seed=args.seed,
             opset=args.opset,
             tolerance=args.tolerance,
@@ -183,4 +168,4 @@ def main(argv: Sequence[str] | None = None, progress: Progress | None = None) ->
     return 0
 
 
-__all__ = ["CheckpointError", "ExportError", "ParityError", "export_models", "main"]
+__all__ = ["CheckpointError", "ExportError", "ParityError", "export_models", "main", "run"]

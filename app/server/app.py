@@ -11,10 +11,12 @@ from fastapi import FastAPI
 
 from app import __version__
 from app.server import logs, metrics
-from app.server.api import errors, health, playground
+from app.server.api import docs, errors, health, openapi, playground
 from app.server.api import metrics as metrics_api
+from app.server.api.grpc import server as grpc_server
 from app.server.api.rest import routes as rest
 from app.server.api.v2 import routes as v2
+from app.server.connections import CloseUnreadBodies
 from app.server.observability import ObservabilityMiddleware
 from app.server.worker import Worker
 from app.settings import Settings
@@ -29,7 +31,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, worker.settings.max_in_flight)
     starting = asyncio.create_task(asyncio.to_thread(worker.start))  # liveness answers meanwhile
     worker.drain.install()  # SIGTERM: not ready at once, in-flight requests finish, then uvicorn's shutdown
-    yield
+    async with grpc_server.serving(worker):  # gRPC on NORMSERVE_GRPC_PORT in this worker, stopped with a grace
+        yield
     worker.drain.uninstall()
     worker.admission.draining = True
     await starting
@@ -42,11 +45,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         summary="Layer normalization and a Transformer encoder, served over HTTP and the Open Inference Protocol.",
         lifespan=lifespan,
+        docs_url=None,  # FastAPI's page loads from a CDN; app/server/api/docs.py serves it offline
+        redoc_url=None,  # ReDoc's bundle always loads its logo from a CDN
     )
     app.state.worker = Worker(settings or Settings())
     errors.install(app)
     app.add_middleware(ObservabilityMiddleware)  # pure ASGI: request ids, request metrics, the JSON log line
+    app.add_middleware(CloseUnreadBodies)  # an answer sent before its request's body ended closes the connection
     for router in (rest.router, health.router, v2.router, metrics_api.router):
         app.include_router(router)
     playground.install(app)  # GET / and /static
+    docs.install(app)  # GET /docs and /docs/assets
+    openapi.install(app)  # the protocol's schemas in /openapi.json
     return app

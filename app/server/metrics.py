@@ -1,4 +1,4 @@
-"""Prometheus metrics: requests per route template and status, inference per model, model load and parity.
+"""Prometheus metrics: requests per route template (gRPC: per method) and status, inference per model, load, parity.
 
 With several worker processes, prometheus-client's multiprocess mode sums the workers' files:
 set PROMETHEUS_MULTIPROC_DIR (an empty directory) before the workers start; `normserve serve
@@ -80,8 +80,23 @@ PARITY = Gauge(
     multiprocess_mode="livemax",
 )
 
+# gRPC: `method` is one of the service's RPCs (grpc core answers unknown ones itself), `model` a loaded model's
+# name or "" (an RPC that names none, or a name no model has), `code` a gRPC status code's name: all bounded.
+GRPC_REQUESTS = Counter(
+    "normserve_grpc_requests",
+    "gRPC calls answered (a ModelStreamInfer message counts as one), by service, method, model and status code.",
+    ["service", "method", "model", "code"],
+)
+GRPC_SECONDS = Histogram(
+    "normserve_grpc_request_duration_seconds",
+    "Time from receiving a gRPC request message to handing over its answer, by service, method and status code.",
+    ["service", "method", "code"],
+    buckets=LATENCY_BUCKETS,
+)
+
 # labels() takes a lock and hashes its arguments each call; the middleware calls it per request.
 _request_children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
+_grpc_children: dict[tuple[str, str, str, str], tuple[Counter, Histogram]] = {}
 
 
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
@@ -90,6 +105,17 @@ def observe_request(method: str, route: str, status: int, seconds: float) -> Non
     children = _request_children.get(key)
     if children is None:
         children = _request_children.setdefault(key, (REQUESTS.labels(*key), REQUEST_SECONDS.labels(*key)))
+    children[0].inc()
+    children[1].observe(seconds)
+
+
+def observe_grpc(service: str, method: str, model: str, code: str, seconds: float) -> None:
+    """Count one answered gRPC call (or stream message) of a known method; model "" when it named no model."""
+    key = (service, method, model, code)
+    children = _grpc_children.get(key)
+    if children is None:
+        pair = (GRPC_REQUESTS.labels(*key), GRPC_SECONDS.labels(service, method, code))
+        children = _grpc_children.setdefault(key, pair)
     children[0].inc()
     children[1].observe(seconds)
 

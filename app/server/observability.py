@@ -51,18 +51,31 @@ def note_model(model: str) -> None:
         info.model = model
 
 
+def request_id_from(value: bytes | None) -> str:
+    """The client's id if it is short and plain, else a new one (uuid4 hex): for HTTP headers and gRPC alike."""
+    return value.decode("ascii") if value is not None and _SAFE_ID.fullmatch(value) else uuid.uuid4().hex
+
+
 def _incoming_id(scope: Scope) -> str:
     for key, value in scope["headers"]:
         if key == _HEADER_KEY:
-            return value.decode("ascii") if _SAFE_ID.fullmatch(value) else uuid.uuid4().hex
+            return request_id_from(value)
     return uuid.uuid4().hex
 
 
 def _route(scope: Scope) -> str:
-    # The router stores the matched route in the scope: its template bounds the label's values.
-    route = scope.get("route")
-    path = getattr(route, "path", None)
-    return path if isinstance(path, str) else metrics.UNMATCHED
+    # FastAPI stores the matched APIRoute in the scope: its template bounds the label's values.
+    path = getattr(scope.get("route"), "path", None)
+    if isinstance(path, str):
+        return path
+    # Plain routes (/openapi.json) and mounts (/static, /docs/assets) leave only the endpoint they matched:
+    # the route that owns it names the label. A path that no route matched has no endpoint.
+    endpoint, app = scope.get("endpoint"), scope.get("app")
+    if endpoint is not None and app is not None:
+        for route in app.routes:
+            if endpoint is getattr(route, "endpoint", None) or endpoint is getattr(route, "app", None):
+                return str(route.path)
+    return metrics.UNMATCHED
 
 
 class ObservabilityMiddleware:

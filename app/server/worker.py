@@ -91,10 +91,12 @@ class Worker:
         if self.admission.ready:  # the warm-up's runs are no client's executions
             self.statistics.record_execution(model, version, rows, int(seconds * 1e9))
 
-    async def infer(self, timer: InferTimer, fn: Callable[[], T], inline: bool = False) -> T:
+    async def infer(
+        self, timer: InferTimer, fn: Callable[[], T], inline: bool = False, deadline_s: float | None = None
+    ) -> T:
         """Run one inference job and count it in the statistics of the model it named (timer.model)."""
         try:
-            result = await self.run(fn, inline)
+            result = await self.run(fn, inline, deadline_s)
         except Exception:  # any answer but success counts as a failure; the error handlers still answer it
             if timer.model is not None:
                 self.statistics.record_failure(*timer.model, timer)
@@ -103,11 +105,12 @@ class Worker:
             self.statistics.record_success(*timer.model, timer)
         return result
 
-    async def run(self, fn: Callable[[], T], inline: bool = False) -> T:
+    async def run(self, fn: Callable[[], T], inline: bool = False, deadline_s: float | None = None) -> T:
         """Admit the job, run it in the threadpool, and answer 504 past the timeout without killing the worker.
 
         inline=True runs fn on the event loop: only for tiny requests (INLINE_BODY_BYTES), whose work takes
         less than the thread hop and the GIL hand-offs it brings (measured in docs/benchmarks.md).
+        deadline_s: the client's remaining deadline (gRPC), when it is shorter than the request timeout.
         """
         self.admission.enter()
         metrics.IN_FLIGHT.inc()
@@ -119,11 +122,13 @@ class Worker:
             return job()
         abandon = anyio.CancelScope()  # cancelled by a drain that timed out (app/server/drain.py)
         self.admission.abandonable.add(abandon)
+        timeout = self.settings.request_timeout_s
         try:
-            with anyio.fail_after(self.settings.request_timeout_s), abandon:
+            with anyio.fail_after(timeout if deadline_s is None else min(timeout, deadline_s)), abandon:
                 return await anyio.to_thread.run_sync(job, abandon_on_cancel=True)
         except TimeoutError:
-            timeout = self.settings.request_timeout_s
+            if deadline_s is not None and deadline_s < timeout:
+                raise Timeout(f"inference took longer than the client's deadline ({deadline_s:.3g} s)") from None
             raise Timeout(f"inference took longer than {timeout} s (NORMSERVE_REQUEST_TIMEOUT_S)") from None
         finally:
             self.admission.abandonable.discard(abandon)

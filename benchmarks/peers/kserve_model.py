@@ -2,9 +2,11 @@
 
 Runs in its own venv (the benchmark creates it under .bench/ with `pip install kserve
 onnxruntime numpy`), never imported by normserve. A custom `kserve.Model` on KServe's V2
-REST endpoint (`/v2/models/layernorm/infer`), JSON and binary tensors both, one worker,
-no gRPC, bound to 127.0.0.1 (KServe hard-codes 0.0.0.0, so the config is overridden).
-Started as `python kserve_model.py --model_path PATH --http_port N`.
+REST endpoint (`/v2/models/layernorm/infer`), JSON and binary tensors both, one worker, bound to
+127.0.0.1 (KServe hard-codes 0.0.0.0, so the config is overridden). With --grpc_port, also KServe's
+own gRPC servicer on 127.0.0.1 (KServe's GRPCServer binds [::] and cannot be told otherwise, so its
+few lines of set-up are repeated here with a loopback address), in the same process and event loop.
+Started as `python kserve_model.py --model_path PATH --http_port N [--grpc_port M]`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import sys
 
 import numpy as np
 import onnxruntime as ort
+from grpc import aio
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
+from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
+from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.rest.server import RESTServer
 
 
@@ -57,10 +62,27 @@ class LayerNormModel(Model):  # type: ignore[misc]
         )
 
 
+async def serve_grpc(server: ModelServer, port: int) -> None:
+    """KServe's GRPCServer.start with a loopback address: its servicer on the model server's data plane."""
+    grpc_server = aio.server(
+        options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", 64 << 20)]
+    )
+    servicer = InferenceServicer(server.dataplane, server.model_repository_extension)
+    grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, grpc_server)
+    grpc_server.add_insecure_port(f"127.0.0.1:{port}")
+    await grpc_server.start()
+    await grpc_server.wait_for_termination()
+
+
+async def serve(rest: RESTServer, server: ModelServer, grpc_port: int) -> None:
+    await asyncio.gather(rest.start(), *([serve_grpc(server, grpc_port)] if grpc_port else []))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model_path", required=True)
     p.add_argument("--http_port", type=int, required=True)
+    p.add_argument("--grpc_port", type=int, default=0)
     args, _ = p.parse_known_args()
     model = LayerNormModel("layernorm", args.model_path)
     model.load()
@@ -70,7 +92,7 @@ def main() -> int:
         "kserve.model_server:app", server.dataplane, server.model_repository_extension, args.http_port, workers=1
     )
     rest.config.host = "127.0.0.1"  # loopback only: KServe itself binds 0.0.0.0
-    asyncio.run(rest.start())
+    asyncio.run(serve(rest, server, args.grpc_port))
     return 0
 
 

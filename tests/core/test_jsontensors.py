@@ -11,6 +11,7 @@ import pytest
 
 from app.core import jsontensors
 from app.core.tensors import decode_json_tensor, to_finite_float
+from app.errors import InvalidInput
 
 
 def _data(path: tuple[str | int, ...]) -> bool:
@@ -62,17 +63,46 @@ def test_random_tensors_round_trip_exactly(seed: int) -> None:
     "body",
     [
         b'{"data": [[1, [2]], [3, 4]]}',  # an extra level that flattens to the same count
-        b'{"data": [1, 2], "data": [3, 4]}',  # duplicate keys: orjson's rule decides
         b'{"data": [1e400]}',  # out of double range
         b'{"data": [NaN]}',  # not JSON
         b'{"data": [01]}',  # not JSON
         b'{"data": [1, 2]',  # truncated
         b'{"data": [1, 2], "a\\u0000b": 1}',  # a key simdjson cannot look up: a NUL ends its C string
+        b'{"data": ' + b"[" * 33 + b"1" + b"]" * 33 + b"}",  # past NumPy 1's 32 dims: reshape would raise
+        b'{"data": [1], "x": ' + b"[" * 65 + b"]" * 65 + b"}",  # deeper than any field: _convert would recurse
+        b'{"data": [[1, "a"], ' + b"[" * 300 + b"]" * 300 + b"]}",  # a list past orjson's 255 levels
+        b'{"data": [1], ' + b", ".join(b'"k%d": 1' % i for i in range(65)) + b"}",  # keys² lookups
     ],
-    ids=["hidden-level", "duplicate-key", "overflow", "nan-token", "leading-zero", "truncated", "nul-in-key"],
+    ids=[
+        "hidden-level",
+        "overflow",
+        "nan-token",
+        "leading-zero",
+        "truncated",
+        "nul-in-key",
+        "rank-33",
+        "field-65-deep",
+        "ragged-300-deep",
+        "65-keys",
+    ],
 )
 def test_unsure_bodies_fall_back_to_orjson(body: bytes) -> None:
     assert jsontensors.loads(body, _data) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        (b'{"data": [1, 2], "data": [3, 4]}', "data"),
+        (b'{"inputs": [{"name": "input", "data": [1], "name": "gamma"}]}', "name"),
+        (b'{"data": [1], "p": {"eps": 1, "mode": 2, "eps": 3}}', "eps"),
+    ],
+    ids=["top-level", "in-a-list", "nested"],
+)
+def test_a_repeated_key_is_refused_naming_it(body: bytes, key: str) -> None:
+    with pytest.raises(InvalidInput) as e:
+        jsontensors.loads(body, _v2)
+    assert str(e.value) == f"{key}: given more than once in one object; send each field once"
 
 
 @pytest.mark.parametrize(

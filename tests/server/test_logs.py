@@ -1,155 +1,163 @@
-"""Structured logs: JSON lines on stderr, one per request with its id, route, status and model, never tensor data."""
+"""app/server/logs.py: JSON log lines. JsonFormatter's fields, configure() for `uvicorn app.main:app`, the log config
+`normserve serve` hands uvicorn; and over real servers, the lines both launchers print at each level.
+
+What the per-request line holds is the middleware's (tests/server/test_observability.py).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import logging.config
 import re
-import shutil
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
-from benchmarks import servers
-from tests.live_server import MODELS, cli_server, server_env
+from app.server import logs
+from tests.server.logged_server import LoggedServer, logged_server
+from tests.server.model_dirs import broken_copy, not_ready_reason
 
-SECRET = 0.123456789  # a value in request bodies; it must never reach the logs
-QUERY_SECRET = "0.987654321"
-ENCODER_ROW = [SECRET] + [0.25] * 127
-
-
-@dataclass
-class LoggedServer:
-    base: str
-    log: Path
-
-    def lines(self) -> list[dict[str, Any]]:
-        # Plain `uvicorn app.main:app` prints two plain lines before the app can set up logging.
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
-
-    def request_line(self, request_id: str, timeout: float = 10) -> dict[str, Any]:
-        """The access line of a request: written once the response is sent, so wait for it a little."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = [d for d in self.lines() if d.get("request_id") == request_id]
-            if found:
-                assert len(found) == 1, found
-                return found[0]
-            time.sleep(0.02)
-        raise AssertionError(f"no log line for request {request_id}")
+LOGGERS = ("normserve", "uvicorn", "uvicorn.access")
 
 
-@contextmanager
-def logged_server(
-    tmp: Path, level: str, launcher: str = "normserve", model_dir: Path = MODELS, wait: str = "/v2/health/ready"
-) -> Iterator[LoggedServer]:
-    """A real server with its output in a file: `normserve serve`, or plain `uvicorn app.main:app`."""
-    env = server_env({"NORMSERVE_MODEL_DIR": str(model_dir), "NORMSERVE_LOG_LEVEL": level})
-    log = tmp / f"{launcher}-{level}.log"  # stdout too: uvicorn's access log goes there
-    if launcher == "normserve":
-        server = cli_server([str(Path(sys.executable).parent / "normserve"), "serve"], env, ready=wait, output=log)
-    else:  # uvicorn's own access log is on by default here: the app must turn it off
-        command = servers.uvicorn_command("--log-level", "info")
-        server = servers.server_process(command, ready=wait, env=env, timeout=90, stop_timeout=30, output=log)
-    with server as running:
-        yield LoggedServer(running.base, log)
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """configure() and dictConfig change this process's loggers: put them back afterwards."""
+    loggers = [logging.getLogger(name) for name in LOGGERS]
+    saved = [(list(lg.handlers), lg.level, lg.propagate, lg.disabled) for lg in loggers]
+    try:
+        yield
+    finally:
+        for lg, (handlers, level, propagate, disabled) in zip(loggers, saved, strict=True):
+            lg.handlers, lg.propagate, lg.disabled = handlers, propagate, disabled
+            lg.setLevel(level)
 
 
-@pytest.fixture(scope="module")
-def logged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoggedServer]:
-    with logged_server(tmp_path_factory.mktemp("logs"), "info") as server:
-        yield server
+def record(msg: str = "hello %s", args: tuple[Any, ...] = ("world",), **fields: Any) -> logging.LogRecord:
+    return logging.makeLogRecord(
+        {
+            "name": "normserve.test",
+            "levelno": logging.WARNING,
+            "levelname": "WARNING",
+            "msg": msg,
+            "args": args,
+            **fields,
+        }
+    )
 
 
-REQUESTS = [
-    # (method, path, json body, route, status, model)
-    ("POST", "/normalize", {"data": [[SECRET, 0.2, 0.3]]}, "/normalize", 200, "layernorm"),
-    ("POST", "/normalize", {"data": [[SECRET, 0.2], [0.3]]}, "/normalize", 422, None),
-    ("POST", "/normalize", {"data": [[SECRET, 0.2]], "backend": "numpy"}, "/normalize", 200, None),
-    ("POST", "/encode", {"data": [ENCODER_ROW], "model": "encoder-preln"}, "/encode", 200, "encoder-preln"),
-    (
-        "POST",
-        f"/v2/models/layernorm/infer?note={QUERY_SECRET}",
-        {"inputs": [{"name": "input", "shape": [1, 2], "datatype": "FP32", "data": [SECRET, 0.5]}]},
-        "/v2/models/{name}/infer",
-        200,
-        "layernorm",
-    ),
-    ("GET", "/v2/models/encoder", None, "/v2/models/{name}", 200, "encoder"),
-    ("GET", "/no/such/route", None, "unmatched", 404, None),
-]
+# ---- JsonFormatter ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("method", "path", "body", "route", "status", "model"), REQUESTS, ids=[f"{r[0]}-{r[4]}-{r[1]}" for r in REQUESTS]
-)
-def test_each_request_is_one_json_line_with_its_fields(
-    logged: LoggedServer, method: str, path: str, body: Any, route: str, status: int, model: str | None
-) -> None:
-    r = httpx.request(method, logged.base + path, json=body)
-    assert r.status_code == status
-    line = logged.request_line(r.headers["x-request-id"])
-    assert {k: line[k] for k in ("logger", "level", "method", "route", "status", "model")} == {
-        "logger": "normserve.access",
-        "level": "info",
-        "method": method,
-        "route": route,
-        "status": status,
-        "model": model,
+def test_a_line_has_time_level_logger_and_the_formatted_message_only() -> None:
+    line = json.loads(logs.JsonFormatter().format(record(created=1_700_000_000.25, msecs=250.0)))
+    assert line == {
+        "ts": "2023-11-14T22:13:20.250Z",
+        "level": "warning",
+        "logger": "normserve.test",
+        "msg": "hello world",
     }
-    assert line["path"] == path.split("?")[0]  # never the query string
-    assert line["bytes_in"] == len(r.request.content)
-    assert line["bytes_out"] == int(r.headers["content-length"])  # on the wire: V2 answers gzip to httpx
-    assert 0 < line["duration_ms"] < 60_000
 
 
 @pytest.mark.parametrize(
-    ("sent", "echoed"),
+    ("created", "ts"),
     [
-        ("abc123", True),
-        ("6f1c2a9e-0b7d-4a51-9d43-1f0e8c2b7a66", True),
-        ("trace:a1b2/c3=+_.-", True),
-        ("", False),
-        ("x" * 129, False),  # too long
-        ("has space", False),
-        ("quote\"'<>", False),
+        (1_700_000_000.001, "2023-11-14T22:13:20.001Z"),
+        (1_700_000_000.999, "2023-11-14T22:13:20.999Z"),
+        (1_700_000_001.0, "2023-11-14T22:13:21.000Z"),  # the next second: the cached text is redone
+        (86_400.5, "1970-01-02T00:00:00.500Z"),
     ],
 )
-def test_request_id_is_echoed_when_sane_else_generated(logged: LoggedServer, sent: str, echoed: bool) -> None:
-    r = httpx.post(logged.base + "/normalize", json={"data": [[SECRET, 1.0]]}, headers={"X-Request-ID": sent})
-    rid = r.headers["x-request-id"]
-    if echoed:
-        assert rid == sent
-    else:
-        assert re.fullmatch(r"[0-9a-f]{32}", rid), rid  # uuid4 hex
-    assert logged.request_line(rid)["status"] == 200
+def test_the_timestamp_is_utc_to_the_millisecond_across_seconds(created: float, ts: str) -> None:
+    formatter = logs.JsonFormatter()
+    formatter.format(record(created=1_700_000_000.5, msecs=500.0))  # another second formatted first
+    msecs = float(round((created - int(created)) * 1000))
+    assert json.loads(formatter.format(record(created=created, msecs=msecs)))["ts"] == ts
 
 
-@pytest.mark.parametrize(
-    ("method", "path", "kwargs", "status"),
-    [
-        ("POST", "/normalize", {"json": {"data": [[1.0, 2.0], [3.0]]}}, 422),
-        ("POST", "/normalize", {"content": b"data=1", "headers": {"Content-Type": "text/plain"}}, 415),
-        ("POST", "/v2/models/layernorm/infer", {"content": b"{not json"}, 400),
-        ("POST", "/v2/models/nope/infer", {"json": {"inputs": []}}, 404),
-        ("GET", "/normalize", {}, 405),
-        ("GET", "/nowhere", {}, 404),
-    ],
-)
-def test_error_responses_carry_the_request_id(
-    logged: LoggedServer, method: str, path: str, kwargs: dict[str, Any], status: int
+def test_extra_fields_become_json_fields_numpy_and_other_values_included() -> None:
+    extra = {
+        "model": "layernorm",
+        "parity_max_abs_diff": {"encoder": 1.5e-6},
+        "load_seconds": np.float64(0.25),
+        "rows": np.array([1, 2]),
+        "path": Path("/models/layernorm.onnx"),
+        "color_message": "\x1b[32mhello\x1b[0m",  # uvicorn's coloured copy: dropped
+    }
+    line = json.loads(logs.JsonFormatter().format(record(**extra)))
+    assert {k: v for k, v in line.items() if k not in ("ts", "level", "logger", "msg")} == {
+        "model": "layernorm",
+        "parity_max_abs_diff": {"encoder": 1.5e-6},
+        "load_seconds": 0.25,
+        "rows": [1, 2],
+        "path": "/models/layernorm.onnx",
+    }
+
+
+def test_an_exception_goes_in_its_own_field_and_the_line_stays_one_line() -> None:
+    try:
+        raise ValueError("bad value")
+    except ValueError:
+        exc_info = sys.exc_info()
+    text = logs.JsonFormatter().format(record(exc_info=exc_info))
+    assert "\n" not in text
+    exc = json.loads(text)["exc"]
+    assert exc.startswith("Traceback (most recent call last):") and exc.endswith("ValueError: bad value")
+
+
+# ---- configure and uvicorn_log_config ----------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("restore_logging")
+@pytest.mark.parametrize(("level", "access_lines"), [("debug", True), ("info", True), ("warning", False)])
+def test_configure_sets_the_level_and_whether_request_lines_are_written(level: str, access_lines: bool) -> None:
+    logs.configure(level)
+    assert logging.getLogger("normserve").level == getattr(logging, level.upper())
+    assert logs.access_enabled() is access_lines
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_configure_twice_leaves_one_json_handler_on_stderr_and_turns_uvicorns_access_log_off(
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    headers = {**kwargs.pop("headers", {}), "X-Request-ID": f"err-{status}-{method}"}
-    r = httpx.request(method, logged.base + path, headers=headers, **kwargs)
-    assert r.status_code == status and "error" in r.json()
-    assert r.headers["x-request-id"] == f"err-{status}-{method}"
-    assert logged.request_line(f"err-{status}-{method}")["status"] == status
+    logs.configure("info")
+    logs.configure("info")
+    for name in ("normserve", "uvicorn"):
+        logger = logging.getLogger(name)
+        (handler,) = logger.handlers
+        assert isinstance(handler.formatter, logs.JsonFormatter) and logger.propagate is False
+    access = logging.getLogger("uvicorn.access")
+    assert (access.handlers, access.propagate, access.hasHandlers()) == ([], False, False)
+    logs.access({"request_id": "abc", "status": 200})
+    logging.getLogger("uvicorn.error").warning("Shutting down")  # uvicorn sets its own level: warning passes any
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [(d["logger"], d["msg"], d.get("request_id")) for d in lines] == [
+        ("normserve.access", "request", "abc"),
+        ("uvicorn.error", "Shutting down", None),
+    ]
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_uvicorn_log_config_gives_json_at_the_level_and_no_uvicorn_access_log() -> None:
+    logging.config.dictConfig(logs.uvicorn_log_config("debug"))
+    for name in ("normserve", "uvicorn"):
+        logger = logging.getLogger(name)
+        (handler,) = logger.handlers
+        assert isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr
+        assert isinstance(handler.formatter, logs.JsonFormatter)
+        assert (logger.level, logger.propagate) == (logging.DEBUG, False)
+    access = logging.getLogger("uvicorn.access")
+    assert (access.handlers, access.propagate) == ([], False)
+
+
+# ---- over real servers ---------------------------------------------------------------------------------------
 
 
 def test_start_up_lines_are_structured(logged: LoggedServer) -> None:
@@ -162,14 +170,15 @@ def test_start_up_lines_are_structured(logged: LoggedServer) -> None:
     assert max(ready["parity_max_abs_diff"].values()) < 1e-4
 
 
-def test_every_line_is_json_and_no_tensor_value_or_query_is_logged(logged: LoggedServer) -> None:
-    for method, path, body, *_ in REQUESTS:  # runs on its own too: make the requests again
-        httpx.request(method, logged.base + path, json=body)
-    text = logged.log.read_text()
-    for line in text.splitlines():
-        assert isinstance(json.loads(line), dict), line
-    assert str(SECRET) not in text and "123456789" not in text
-    assert QUERY_SECRET not in text
+def test_every_line_is_a_json_object_with_time_level_logger_and_message(logged: LoggedServer) -> None:
+    httpx.post(logged.base + "/normalize", json={"data": [[1.0, 2.0]]})
+    httpx.get(logged.base + "/no/such/route")
+    lines = logged.log.read_text().splitlines()
+    assert len(lines) >= 5  # start-up, uvicorn's own lines and request lines
+    for text in lines:
+        line = json.loads(text)
+        assert isinstance(line, dict) and {"ts", "level", "logger", "msg"} <= line.keys(), text
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["ts"]), text
 
 
 @pytest.mark.parametrize(("launcher", "level", "request_lines"), [("uvicorn", "info", 1), ("normserve", "warning", 0)])
@@ -188,14 +197,13 @@ def test_log_level_and_no_duplicate_access_lines(tmp_path: Path, launcher: str, 
 
 
 def test_not_ready_is_logged_as_an_error_with_its_reason(tmp_path: Path) -> None:
-    models = tmp_path / "models"
-    shutil.copytree(MODELS, models)
-    (models / "manifest.json").unlink()
+    models = broken_copy(tmp_path, "no-manifest")
+    reason = not_ready_reason(models, "no-manifest")
     with logged_server(tmp_path, "info", "uvicorn", models, wait="/v2/health/live") as server:
         deadline = time.monotonic() + 30
         while not [d for d in server.lines() if d["msg"].startswith("not ready")]:
             assert time.monotonic() < deadline, server.log.read_text()
             time.sleep(0.05)
     (line,) = [d for d in server.lines() if d["msg"].startswith("not ready")]
-    assert line["level"] == "error" and line["logger"] == "normserve"
-    assert line["reason"].startswith("model check failed: ") and "manifest missing" in line["reason"]
+    assert (line["level"], line["logger"], line["reason"]) == ("error", "normserve", reason)
+    assert line["msg"] == "not ready: " + reason.removeprefix("model check failed: ")

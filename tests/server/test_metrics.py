@@ -1,4 +1,6 @@
-"""GET /metrics: exact counts after known requests, route templates as labels, model gauges, several workers."""
+"""app/server/metrics.py: exact counts after known requests, the model gauges, several workers' sums (multiprocess
+mode), and dead workers' live gauges reaped. Route labels are the middleware's (test_observability.py); the
+/metrics route itself is tests/server/api/test_metrics.py."""
 
 from __future__ import annotations
 
@@ -13,35 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.live_server import ROOT, cli_server, server_env
+from tests.server.prometheus import Samples, delta, parse, scrape, value
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 MODEL_NAMES = ["encoder", "encoder-preln", "layernorm"]
 V2_INFER = {"inputs": [{"name": "input", "shape": [2, 3], "datatype": "FP32", "data": [0.2, 0.1, 0.3, 0.5, 0.1, 0.1]}]}
-
-
-def parse(text: str) -> Samples:
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def scrape(client: httpx.Client) -> Samples:
-    r = client.get("/metrics")
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    return parse(r.text)
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
-    return value(after, name, **labels) - value(before, name, **labels)
 
 
 def test_known_requests_show_as_exact_counts_per_route_and_status(client: httpx.Client) -> None:
@@ -74,28 +53,6 @@ def test_model_load_time_and_warm_up_parity_are_gauges(client: httpx.Client, mod
     assert value(samples, "normserve_model_load_seconds", model=model) > 0
     assert 0 <= value(samples, "normserve_model_parity_max_abs_diff", model=model) < 1e-4
     assert ("normserve_model_parity_max_abs_diff", (("model", model),)) in samples
-
-
-@pytest.mark.parametrize(
-    ("method", "path", "route", "status"),
-    [
-        ("GET", "/v2/models/encoder", "/v2/models/{name}", "200"),
-        ("GET", "/v2/models/no-such-model-7f3a", "/v2/models/{name}", "404"),
-        ("GET", "/v2/models/layernorm/versions/1/ready", "/v2/models/{name}/versions/{version}/ready", "200"),
-        ("DELETE", "/normalize", "/normalize", "405"),
-        ("GET", "/no/such/path/7f3a", "unmatched", "404"),
-    ],
-)
-def test_routes_are_labelled_by_template_never_by_raw_path(
-    client: httpx.Client, method: str, path: str, route: str, status: str
-) -> None:
-    before = scrape(client)
-    assert client.request(method, path).status_code == int(status)
-    after = scrape(client)
-    labels = {"method": method, "route": route, "status": status}
-    assert delta(before, after, "normserve_http_requests_total", **labels) == 1
-    if path != route:
-        assert not [key for key in after if any(v == path for _, v in key[1])], "a raw path became a label value"
 
 
 # ---- several workers: prometheus-client's multiprocess mode -----------------------------------
@@ -180,7 +137,7 @@ def test_reaping_drops_only_dead_workers_live_gauges_and_keeps_their_counts(
         assert (tmp_path / f"gauge_livesum_{worker.pid}.db").exists() == gauge_kept
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, str(tmp_path))  # type: ignore[no-untyped-call]
-        samples = parse(generate_latest(registry).decode())
+        samples: Samples = parse(generate_latest(registry).decode())
         assert value(samples, "normserve_http_requests_total", method="GET", route="/x", status="200") == 1
         assert value(samples, "normserve_inference_requests_in_flight") == (1 if gauge_kept else 0)
     finally:

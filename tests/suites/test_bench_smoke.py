@@ -77,6 +77,7 @@ def test_every_section_has_its_table(report: tuple[Path, dict[str, Any]], headin
         ("normserve", "/normalize JSON"),
         ("normserve", "V2 JSON"),
         ("normserve", "V2 binary"),
+        ("normserve", "gRPC"),
         ("naive", "/normalize JSON"),
     ],
 )

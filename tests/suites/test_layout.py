@@ -1,7 +1,8 @@
-"""The code-size rule of app/: no module over 300 lines, no function or method over 40 lines.
+"""The layout rules of app/: no module over 300 lines, no function over 40 lines, a test module for every module.
 
 A function's length runs from its `def` line to the last line of its body (decorators not counted), as `ast`
-gives them; nested functions and methods count on their own too.
+gives them; nested functions and methods count on their own too. The test module of app/<dir>/<name>.py is
+tests/<dir>/test_<name>.py; what crosses modules is in tests/suites/.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "app"
 MAX_MODULE_LINES = 300
 MAX_FUNCTION_LINES = 40
+TESTS = ROOT / "tests"
 MODULES = sorted(APP.rglob("*.py"))
+TESTED_MODULES = [path for path in MODULES if path.name != "__init__.py"]
 
 
 def function_lengths(tree: ast.Module) -> dict[str, int]:
@@ -35,6 +38,12 @@ def function_lengths(tree: ast.Module) -> dict[str, int]:
 
     visit(tree, "")
     return lengths
+
+
+def mirrored_test(module: Path, app: Path = APP, tests: Path = TESTS) -> Path:
+    """tests/<dir>/test_<name>.py for app/<dir>/<name>.py."""
+    relative = module.relative_to(app)
+    return tests / relative.parent / f"test_{relative.name}"
 
 
 def _id(path: Path) -> str:
@@ -73,3 +82,34 @@ def test_functions_are_at_most_40_lines(path: Path) -> None:
 )
 def test_function_lengths_count_from_def_to_the_end_of_the_body(source: str, expected: dict[str, int]) -> None:
     assert function_lengths(ast.parse(source)) == expected
+
+
+@pytest.mark.parametrize("path", TESTED_MODULES, ids=_id)
+def test_module_has_its_mirrored_test_module(path: Path) -> None:
+    test = mirrored_test(path)
+    assert test.is_file(), f"{_id(path)} has no test module: expected {_id(test)}"
+
+
+@pytest.mark.parametrize(
+    ("module", "test"),
+    [
+        ("app/main.py", "tests/test_main.py"),
+        ("app/cli/main.py", "tests/cli/test_main.py"),
+        ("app/server/metrics.py", "tests/server/test_metrics.py"),
+        ("app/server/api/metrics.py", "tests/server/api/test_metrics.py"),
+        ("app/server/api/rest/routes.py", "tests/server/api/rest/test_routes.py"),
+    ],
+)
+def test_the_mirrored_test_module_keeps_the_path_and_prefixes_the_name(module: str, test: str) -> None:
+    assert mirrored_test(ROOT / module) == ROOT / test
+
+
+def test_the_mirrored_test_check_can_fail(tmp_path: Path) -> None:
+    app, tests = tmp_path / "app", tmp_path / "tests"
+    (app / "core").mkdir(parents=True)
+    (app / "core" / "tested.py").touch()
+    (app / "core" / "untested.py").touch()
+    (tests / "core").mkdir(parents=True)
+    (tests / "core" / "test_tested.py").touch()
+    found = {m.name: mirrored_test(m, app, tests).is_file() for m in sorted((app / "core").glob("*.py"))}
+    assert found == {"tested.py": True, "untested.py": False}

@@ -99,15 +99,21 @@ def test_grace_period_outlasts_the_prestop_sleep_plus_the_drain_timeout(pod: dic
     assert pod["terminationGracePeriodSeconds"] > drain + float(command[1])
 
 
-@pytest.mark.parametrize(
-    ("probe", "path"),
-    [("readinessProbe", "/v2/health/ready"), ("livenessProbe", "/v2/health/live"), ("startupProbe", "/v2/health/live")],
-)
+@pytest.mark.parametrize(("probe", "path"), [("livenessProbe", "/v2/health/live"), ("startupProbe", "/v2/health/live")])
 def test_deployment_probes_hit_the_apps_health_routes_on_its_port(pod: dict[str, Any], probe: str, path: str) -> None:
     (container,) = pod["containers"]
     get = container[probe]["httpGet"]
     assert get["path"] == path and routed(path)
     assert container_port(container, get["port"]) == 8000
+
+
+def test_readiness_is_the_grpc_health_check_on_the_grpc_port(pod: dict[str, Any]) -> None:
+    # grpc.health.v1 with service "" (the whole server): SERVING exactly when GET /v2/health/ready is 200.
+    (container,) = pod["containers"]
+    probe = container["readinessProbe"]["grpc"]
+    assert "service" not in probe
+    port = int(env_of(container)["NORMSERVE_GRPC_PORT"])
+    assert probe["port"] == port == container_port(container, "grpc") == 8001
 
 
 def test_deployment_runs_as_the_images_non_root_user_on_a_read_only_root(pod: dict[str, Any]) -> None:
@@ -137,13 +143,16 @@ def test_route_check_can_fail() -> None:
     assert routed("/v2/health/ready") and not routed("/v2/health/readyz")
 
 
-def test_service_sends_port_80_to_the_pods_port_8000(pod: dict[str, Any]) -> None:
+def test_service_sends_port_80_to_the_pods_port_8000_and_grpc_to_8001(pod: dict[str, Any]) -> None:
     svc = manifest("Service")
     labels = manifest("Deployment")["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["type"] == "ClusterIP"
     assert svc["spec"]["selector"].items() <= labels.items()
-    (port,) = svc["spec"]["ports"]
-    assert port["port"] == 80 and container_port(pod["containers"][0], port["targetPort"]) == 8000
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert set(ports) == {"http", "grpc"}
+    assert ports["http"]["port"] == 80 and container_port(pod["containers"][0], ports["http"]["targetPort"]) == 8000
+    assert ports["grpc"]["port"] == 8001 and container_port(pod["containers"][0], ports["grpc"]["targetPort"]) == 8001
+    assert ports["grpc"]["appProtocol"] == "kubernetes.io/h2c"
 
 
 def test_autoscaler_scales_the_deployment_on_cpu_utilization() -> None:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 
 from starlette.requests import ClientDisconnect, Request
 
-from app.errors import MalformedBody, PayloadTooLarge, UnsupportedMediaType
+from app.errors import BodyTimeout, MalformedBody, PayloadTooLarge, UnsupportedMediaType
 from app.server.api.compression import WBITS
+from app.settings import Settings
 
 
 def require_json(request: Request) -> None:
-    """An absent Content-Type is fine (curl -d sends a form type only when told); anything but JSON is a 415."""
+    """An absent Content-Type is fine (raw HTTP clients may send none); anything but JSON is a 415 (curl -d sends
+    a form type unless -H sets JSON)."""
     ctype = request.headers.get("content-type")
     if ctype is None:
         return
@@ -20,7 +23,23 @@ def require_json(request: Request) -> None:
         raise UnsupportedMediaType(f"Content-Type {media!r} is not supported; send application/json", "content-type")
 
 
-async def read_body(request: Request, max_bytes: int) -> bytearray:
+async def read_body(request: Request, settings: Settings) -> bytearray:
+    """The whole body within NORMSERVE_BODY_TIMEOUT_S, never more than NORMSERVE_MAX_BODY_BYTES (see _read).
+
+    Without a deadline a client sending a byte a second held its socket (and its worker's memory) for as
+    long as it liked: 1,500 of them were held open indefinitely."""
+    deadline = asyncio.timeout(settings.body_timeout_s)
+    try:
+        async with deadline:
+            return await _read(request, settings.max_body_bytes)
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        limit = f"{settings.body_timeout_s:g} s (NORMSERVE_BODY_TIMEOUT_S)"
+        raise BodyTimeout(f"did not arrive in full within {limit}", "body") from None
+
+
+async def _read(request: Request, max_bytes: int) -> bytearray:
     """The whole body, decompressed per Content-Encoding, never holding more than max_bytes (+ one chunk)."""
     too_large = f"body exceeds {max_bytes} bytes (NORMSERVE_MAX_BODY_BYTES)"
     length = request.headers.get("content-length")

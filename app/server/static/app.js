@@ -241,31 +241,99 @@ function updateFormula() {
   $("formula").textContent = `y = γ · (x − mean) / ${den} + β, over the last ${$("k").value || 1} dim(s)`;
 }
 
-/** The request body; the tensor text is sent as typed so that the service judges it and names what is wrong. */
+/** The request body; the textareas' text is sent as typed so that the service judges it and names what is wrong.
+ *  `boxes` says where each textarea's text sits in the body, so that a JSON error can be shown in the user's text. */
 function normalizeBody(validate) {
   const raw = $("data").value.trim();
   const parsed = tryParse(raw);
   const k = parseInt($("k").value, 10) || 1;
-  const parts = [`"data": ${raw || "null"}`];
+  const body = jsonObject();
+  body.add("data", raw || "null", raw ? "data" : null);
   if (parsed.ok) {
     const shape = shapeOf(parsed.value);
     if (k > shape.length) return { error: `normalized dims k = ${k} exceeds the tensor's rank ${shape.length}` };
-    parts.push(`"normalized_shape": ${JSON.stringify(shape.slice(shape.length - k))}`);
+    body.add("normalized_shape", JSON.stringify(shape.slice(shape.length - k)));
   }
   const eps = Number($("eps").value);
-  parts.push(`"eps": ${$("eps").value.trim() === "" || isNaN(eps) ? JSON.stringify($("eps").value) : eps}`);
-  parts.push(`"eps_mode": ${JSON.stringify($("eps-mode").value)}`, `"backend": ${JSON.stringify($("backend").value)}`);
+  body.add("eps", $("eps").value.trim() === "" || isNaN(eps) ? JSON.stringify($("eps").value) : String(eps));
+  body.add("eps_mode", JSON.stringify($("eps-mode").value));
+  body.add("backend", JSON.stringify($("backend").value));
   for (const name of ["gamma", "beta"]) {
     const text = $(name).value.trim();
-    if (text) parts.push(`"${name}": ${text}`);
+    if (text) body.add(name, text, name);
   }
-  if (validate) parts.push(`"validate": true`);
-  return { text: "{" + parts.join(", ") + "}", data: parsed.ok ? parsed.value : null, k };
+  if (validate) body.add("validate", "true");
+  return { text: body.text(), boxes: body.boxes, data: parsed.ok ? parsed.value : null, k };
+}
+
+/** A JSON object written member by member; `boxes` records where each textarea's text lands in it. */
+function jsonObject() {
+  const members = [];
+  const boxes = [];
+  let length = 1; // "{"
+  return {
+    boxes,
+    add(key, valueText, box) {
+      const head = (members.length ? ", " : "") + JSON.stringify(key) + ": ";
+      if (box) boxes.push({ box, start: length + head.length, text: valueText });
+      members.push(head + valueText);
+      length += head.length + valueText.length;
+    },
+    text: () => "{" + members.join("") + "}",
+  };
+}
+
+/** Where the service's "not valid JSON (… (char N))" about the body falls in the user's own textarea, or null:
+ *  {box, line, column, token, start, end}, with an empty token when the box's text ended before its JSON did. */
+function locateJsonError(message, bodyText, boxes) {
+  const m = /^body: not valid JSON \(.*\(char (\d+)\)\)$/.exec(message);
+  if (!m) return null;
+  let at = 0; // the service counts characters (code points); JavaScript strings count UTF-16 units
+  for (let c = 0; c < Number(m[1]) && at < bodyText.length; c++) at += bodyText.codePointAt(at) > 0xffff ? 2 : 1;
+  // Everything between the boxes is valid JSON written here: an error past a box's end is that box's, unclosed.
+  const span = boxes.filter((b) => b.start <= at).pop();
+  if (!span) return null;
+  const value = $(span.box).value;
+  const offset = Math.min(at - span.start, span.text.length);
+  const start = value.length - value.trimStart().length + offset; // the box's text was sent trimmed
+  const before = value.slice(0, start);
+  const rest = span.text.slice(offset);
+  const token = rest ? (/^[^\s,[\]{}:]{1,24}/.exec(rest) || [rest[0]])[0] : "";
+  const column = [...before.slice(before.lastIndexOf("\n") + 1)].length + 1;
+  return { box: span.box, line: before.split("\n").length, column, token, start, end: start + token.length };
+}
+
+/** Point at a JSON error in the user's textarea: say where under the error, and select it in the box. */
+function showErrorPlace(where) {
+  const el = $("error-where");
+  el.hidden = !where;
+  if (!where) return;
+  el.textContent = where.token
+    ? `In the ${where.box} box: line ${where.line}, column ${where.column}, at “${where.token}”.`
+    : `In the ${where.box} box: its text ends at line ${where.line}, column ${where.column}, before its JSON does.`;
+  const box = $(where.box);
+  const details = box.closest("details");
+  if (details) details.open = true; // gamma and beta are folded away by default
+  box.focus();
+  box.setSelectionRange(where.start, where.end);
+}
+
+/** The answer's warnings (rows float32 rounded together), as a list above the results; hidden when none. */
+function renderWarnings(warnings) {
+  const list = $("warnings");
+  list.replaceChildren(
+    ...(warnings || []).map((w) => {
+      const li = document.createElement("li");
+      li.textContent = w;
+      return li;
+    }),
+  );
+  list.hidden = !list.childElementCount;
 }
 
 async function runNormalize(validate) {
   const form = $("normalize-form");
-  $("error").hidden = true;
+  $("error").hidden = $("error-where").hidden = true;
   const req = normalizeBody(validate);
   if (req.error) {
     showError($("error"), { status: 0, body: { error: req.error } });
@@ -278,8 +346,9 @@ async function runNormalize(validate) {
   busy(form, false);
   if (!res.ok) {
     // Results of an earlier request next to this error would read as its answer.
-    $("normalize-results").hidden = $("validation").hidden = true;
+    $("normalize-results").hidden = $("validation").hidden = $("warnings").hidden = true;
     showError($("error"), res);
+    if (res.status === 400) showErrorPlace(locateJsonError(res.body.error, req.text, req.boxes));
     $("status").textContent = "The service rejected the request.";
     settled();
     return;
@@ -303,6 +372,7 @@ function renderNormalize(data, k, res) {
   $("status").textContent = `${b.backend} · shape [${shape.join(", ")}] · ${rows} row(s) of ${cols}${model}`;
   $("status").title = `round trip ${res.ms.toFixed(1)} ms`;
   renderValidation("", b.validation);
+  renderWarnings(b.warnings);
   renderOutputTable(y, rows, cols, lead);
   renderStatsTable(mean, std, vr, rows, lead);
   renderNormalizePlots(x, y, mean, std, rows, cols, lead);

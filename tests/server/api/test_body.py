@@ -1,19 +1,16 @@
-"""Every limit (spec 5, issue 5) answers 413/422 (400 on V2) naming the limit and its NORMSERVE_ setting; backpressure and timeout."""
+"""app/server/api/body.py and the limits behind it: every limit (spec 5, issue 5) answers 413/422 (400 on V2) naming
+the limit and its NORMSERVE_ setting. Backpressure and the timeout are the Worker's (tests/server/test_worker.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import json
-import time
 from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pytest
 
-from app.core.seeds import SEED003
-from app.server.api.errors import printable
 from tests.live_server import live_server
 
 LN_V2 = "/v2/models/layernorm/infer"
@@ -174,69 +171,3 @@ def test_sequence_over_the_export_limit_names_the_export_option(client: httpx.Cl
     assert r.json()["error"] == (
         f"{field}: sequence length 513 exceeds max_sequence_length 512 (set at export: normserve export --max-sequence-length)"
     )
-
-
-def test_error_messages_are_bounded_and_printable() -> None:
-    assert printable("\u202edata: unknown field") == "\\u202edata: unknown field"
-    assert len(printable("k" * 10_000)) == 1000
-
-
-# ---- backpressure and timeout: a server that admits one inference at a time, for at most 0.5 s ----
-
-SLOW = {"NORMSERVE_MAX_IN_FLIGHT": "1", "NORMSERVE_REQUEST_TIMEOUT_S": "0.5", "NORMSERVE_INTRA_OP_THREADS": "1"}
-
-
-@pytest.fixture(scope="module")
-def one_at_a_time() -> Iterator[str]:
-    with live_server(SLOW) as base:
-        yield base
-
-
-def slow_request() -> tuple[bytes, dict[str, str]]:
-    """Seconds of encoder work on one thread: [32, 512, 128] floats in binary."""
-    return binary_v2([32, 512, 128])
-
-
-async def wait_admitting(client: httpx.AsyncClient, timeout: float = 60) -> None:
-    """Until the abandoned inference of an earlier test has really ended and a request is admitted again."""
-    deadline = time.monotonic() + timeout
-    while (await client.post("/normalize", json={"data": [1, 2]})).status_code != 200:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.1)
-
-
-async def overloaded(base: str) -> tuple[httpx.Response, httpx.Response, float, float]:
-    body, headers = slow_request()
-    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
-        await wait_admitting(client)
-        slow = asyncio.ensure_future(client.post(ENC_V2, content=body, headers=headers))
-        await asyncio.sleep(0.2)  # the slow one is admitted and running
-        t0 = time.monotonic()
-        refused = await client.post("/normalize", json={"data": [1, 2]})
-        refused_after = time.monotonic() - t0
-        first = await slow
-        return refused, first, refused_after, time.monotonic() - t0
-
-
-def test_past_max_in_flight_is_503_with_retry_after_at_once(one_at_a_time: str) -> None:
-    refused, first, refused_after, first_after = asyncio.run(overloaded(one_at_a_time))
-    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
-    assert refused.json()["error"] == "1 requests in flight, the limit (NORMSERVE_MAX_IN_FLIGHT)"
-    assert refused_after < first_after, "the refused request waited for the running one: it was queued"
-
-
-def test_past_the_request_timeout_is_504_and_the_worker_serves_on(one_at_a_time: str) -> None:
-    body, headers = slow_request()
-
-    async def scenario() -> tuple[httpx.Response, httpx.Response]:
-        async with httpx.AsyncClient(base_url=one_at_a_time, timeout=60) as client:
-            await wait_admitting(client)
-            timed_out = await client.post(ENC_V2, content=body, headers=headers)
-            await wait_admitting(client)
-            return timed_out, await client.post("/normalize", json={"data": SEED003.x[0]})
-
-    timed_out, after = asyncio.run(scenario())
-    assert timed_out.status_code == 504
-    assert timed_out.json()["error"] == "inference took longer than 0.5 s (NORMSERVE_REQUEST_TIMEOUT_S)"
-    assert after.status_code == 200
-    np.testing.assert_allclose(after.json()["output"], SEED003.output[0], atol=1e-4)

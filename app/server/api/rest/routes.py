@@ -26,7 +26,7 @@ LAYERNORM = "layernorm"
 async def normalize(request: Request, worker: Worker) -> Response:
     """Layer-normalize `data` over its trailing `normalized_shape` dims, with per-row statistics."""
     require_json(request)
-    body = await read_body(request, worker.settings.max_body_bytes)
+    body = await read_body(request, worker.settings)
     timer = InferTimer()
 
     def decode() -> tuple[Model, NormalizeInput, None]:
@@ -48,7 +48,7 @@ async def normalize(request: Request, worker: Worker) -> Response:
 async def encode(request: Request, worker: Worker) -> Response:
     """Run the Transformer encoder; report each LayerNorm's input statistics per position."""
     require_json(request)
-    body = await read_body(request, worker.settings.max_body_bytes)
+    body = await read_body(request, worker.settings)
     timer = InferTimer()
 
     def encoder(name: str) -> EncoderModel:

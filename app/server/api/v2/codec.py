@@ -3,57 +3,30 @@
 Layout (Triton's binary tensor extension): when the header `Inference-Header-Content-Length`
 is present, the body's first N bytes are the JSON header and each binary input's bytes follow
 in input order, `parameters.binary_data_size` each; otherwise the whole body is JSON. Every
-check names its field, so onnxruntime never sees a tensor the metadata does not allow.
+check names its field, so onnxruntime never sees a tensor the metadata does not allow; the
+protocol's rules themselves are app/server/api/v2/rules.py, shared with the gRPC codec.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from app.core import jsontensors
-from app.core.dataplane import Fields
 from app.core.jsonkeys import check_unique_keys
 from app.core.model import Model, TensorSpec
-from app.core.tensors import (
-    DATATYPES,
-    binary_view,
-    check_finite,
-    check_shape,
-    decode_binary,
-    decode_json_tensor,
-    dumps,
-    loads,
-)
-from app.errors import InvalidInput, MalformedBody
+from app.core.tensors import binary_view, decode_json_tensor, dumps, loads
+from app.errors import InvalidInput, MalformedBody, shown
 from app.server.api.compression import choose_encoding, compress
+from app.server.api.v2 import rules
+from app.server.api.v2.rules import FIELDS, InferRequest
 from app.settings import Settings
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-# Parameters of the protocol itself (tritonclient's reserved names): accepted, and only the first is used.
-PROTOCOL_PARAMETERS = ("binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
 REQUEST_FIELDS = ("id", "parameters", "inputs", "outputs")
-# The data plane's fields as V2 names them: tensors are inputs, the small fields request parameters.
-FIELDS = Fields(
-    x="inputs.input",
-    gamma="inputs.gamma",
-    beta="inputs.beta",
-    k="parameters.normalized_ndim",
-    eps="parameters.eps",
-    eps_mode="parameters.eps_mode",
-    padding_mask="inputs.padding_mask",
-)
-
-
-@dataclass(frozen=True)
-class InferRequest:
-    id: str | None
-    input: Any  # the data plane's input, built by the model's kind (checked)
-    datatype: str  # of `input`: every output is sent in it
-    outputs: list[tuple[str, bool]]  # the outputs to send, in order, and whether each goes binary
+__all__ = ["FIELDS", "HEADER_LENGTH", "EncodedResponse", "InferRequest", "decode", "encode"]
 
 
 @dataclass(frozen=True)
@@ -85,8 +58,8 @@ def decode(body: bytearray, header_length: str | None, model: Model, settings: S
             raise InvalidInput(f"unknown field; expected only {', '.join(REQUEST_FIELDS)}", key)
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
-        raise InvalidInput(f"expected a string, got {request_id!r}", "id")
-    params = _parameters(doc.get("parameters"), model)
+        raise InvalidInput(f"expected a string, got {shown(request_id)}", "id")
+    params = rules.parameters(doc.get("parameters"), model)
     # bytearray.find scans in place; `in` on a memoryview would compare single bytes.
     # Arrays the fast path parsed hold numbers only; the header is scanned for true/false only for lists.
     entries = doc.get("inputs")
@@ -111,38 +84,18 @@ def _split(body: bytearray, header_length: str | None) -> tuple[memoryview, memo
     return view[:n], view[n:]
 
 
-def _parameters(raw: Any, model: Model) -> dict[str, Any]:
-    params = {} if raw is None else raw
-    if not isinstance(params, dict):
-        raise InvalidInput(f"expected an object, got {params!r}", "parameters")
-    for name, value in params.items():
-        if name not in model.parameters and name not in PROTOCOL_PARAMETERS:
-            known = ", ".join((*model.parameters, *PROTOCOL_PARAMETERS))
-            raise InvalidInput(f"unknown parameter for model {model.name!r}; expected one of {known}", name)
-        if name == "binary_data_output" and not isinstance(value, bool):
-            raise InvalidInput(f"expected true or false, got {value!r}", "parameters.binary_data_output")
-    return params
-
-
 def _inputs(
     raw: Any, binary: memoryview, model: Model, settings: Settings, may_hold_bools: bool
 ) -> tuple[dict[str, np.ndarray], str]:
     if not isinstance(raw, list) or not raw:
         raise InvalidInput("expected a non-empty list of input tensors", "inputs")
-    specs = {t.name: t for t in model.inputs}
     tensors: dict[str, np.ndarray] = {}
     datatypes: dict[str, str] = {}
     offset = 0
     for i, entry in enumerate(raw):
         name = entry.get("name") if isinstance(entry, dict) else None
-        if not isinstance(name, str):
-            raise InvalidInput("expected an object with a string `name`", f"inputs[{i}]")
-        if name not in specs:
-            expected = ", ".join(specs)
-            raise InvalidInput(f"unknown input for model {model.name!r}; expected {expected}", f"inputs.{name}")
-        if name in tensors:
-            raise InvalidInput("given twice", f"inputs.{name}")
-        tensors[name], datatypes[name], size = _tensor(entry, specs[name], binary[offset:], settings, may_hold_bools)
+        spec = rules.input_spec(name, i, model, tensors)
+        tensors[spec.name], datatypes[spec.name], size = _tensor(entry, spec, binary[offset:], settings, may_hold_bools)
         offset += size
     if offset != len(binary):
         raise MalformedBody(
@@ -158,44 +111,25 @@ def _tensor(
 ) -> tuple[np.ndarray, str, int]:
     """One input: (array, its datatype, bytes it took from the binary section)."""
     field = f"inputs.{spec.name}"
-    datatype = entry.get("datatype")
-    if datatype not in spec.datatypes:
-        raise InvalidInput(f"datatype {datatype!r} is not supported; expected {' or '.join(spec.datatypes)}", field)
-    shape = _shape(entry.get("shape"), field, settings)
-    params = entry.get("parameters") or {}
-    if not isinstance(params, dict) or any(k != "binary_data_size" for k in params):
-        raise InvalidInput(f"parameters {params!r} are not supported; only binary_data_size is", field)
-    size = params.get("binary_data_size")
-    if size is None:
+    datatype, shape = rules.tensor_header(spec, entry.get("datatype"), entry.get("shape"), settings)
+    params = rules.tensor_parameters(entry.get("parameters"), spec, ("binary_data_size",))
+    if "binary_data_size" not in params:
         if "data" not in entry:
             raise InvalidInput("expected `data`, or parameters.binary_data_size with binary data", field)
         return _from_json(entry["data"], datatype, shape, field, settings, may_hold_bools), datatype, 0
     if "data" in entry:
         raise InvalidInput("has both `data` and parameters.binary_data_size; send one", field)
+    size = params["binary_data_size"]
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise InvalidInput(f"expected a byte count, got {size!r}", f"{field}.parameters.binary_data_size")
+        raise InvalidInput(f"expected a byte count, got {shown(size)}", f"{field}.parameters.binary_data_size")
     if size > len(rest):
         raise MalformedBody(
             f"{size} bytes declared, but only {len(rest)} follow (is {HEADER_LENGTH} set?)",
             f"{field}.parameters.binary_data_size",
         )
-    arr = decode_binary(rest[:size], datatype, shape, f"{field}.parameters.binary_data_size")
-    if datatype == "BOOL":
-        if arr.view(np.uint8).max(initial=0) > 1:
-            raise InvalidInput("BOOL bytes must be 0 or 1", field)
-        return arr.copy(), datatype, size  # a copy: the request body's memory is not the data plane's
     # A view of the body, no copy (peak RSS): the data plane's input checks and casts it, and
     # layernorm's conditioning reads it into a new aligned array (app/core/dataplane.py).
-    return arr, datatype, size
-
-
-def _shape(raw: Any, field: str, settings: Settings) -> list[int]:
-    if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in raw):
-        raise InvalidInput(f"expected a list of integers, got {raw!r}", f"{field}.shape")
-    if not 1 <= len(raw) <= settings.max_depth:
-        raise InvalidInput(f"rank {len(raw)}; expected 1..{settings.max_depth} (NORMSERVE_MAX_DEPTH)", f"{field}.shape")
-    check_shape(raw, field, settings.max_elements)
-    return raw
+    return rules.from_raw(rest[:size], spec, datatype, shape, f"{field}.parameters.binary_data_size"), datatype, size
 
 
 def _from_json(
@@ -210,40 +144,21 @@ def _from_json(
         may_hold_bools=may_hold_bools,
         boolean=datatype == "BOOL",
     )
-    if arr.size != math.prod(shape):
-        raise InvalidInput(f"{arr.size} elements, but shape {shape} needs {math.prod(shape)}", f"{field}.data")
+    rules.check_count(arr.size, shape, f"{field}.data")
     return arr.reshape(shape)
 
 
 def _requested_outputs(raw: Any, model: Model, binary_default: bool) -> list[tuple[str, bool]]:
-    names = [t.name for t in model.outputs]
-    if raw is None or raw == []:  # none named: every output, as Triton does
-        return [(n, binary_default) for n in names]
-    if not isinstance(raw, list):
+    if raw is not None and not isinstance(raw, list):
         raise InvalidInput("expected a list of {name, parameters}", "outputs")
-    chosen: list[tuple[str, bool]] = []
-    for i, entry in enumerate(raw):
-        name = entry.get("name") if isinstance(entry, dict) else None
-        if name not in names:
-            raise InvalidInput(f"unknown output {name!r}; expected one of {', '.join(names)}", f"outputs[{i}]")
-        if any(n == name for n, _ in chosen):
-            raise InvalidInput("requested twice", f"outputs.{name}")
-        params = entry.get("parameters") or {}
-        if not isinstance(params, dict) or any(k != "binary_data" for k in params):
-            raise InvalidInput(f"parameters {params!r} are not supported; only binary_data is", f"outputs.{name}")
-        binary = params.get("binary_data", binary_default)
-        if not isinstance(binary, bool):
-            raise InvalidInput(f"expected true or false, got {binary!r}", f"outputs.{name}.parameters.binary_data")
-        chosen.append((name, binary))
-    return chosen
+    entries = [(e.get("name"), e.get("parameters")) if isinstance(e, dict) else (None, None) for e in raw or []]
+    return rules.requested_outputs(entries, model, binary_default, ("binary_data",))
 
 
 def encode(model: Model, req: InferRequest, result: Any, accept_encoding: str | None) -> EncodedResponse:
     """The JSON header with each output's data inline or as binary_data_size, then the bytes; maybe compressed."""
-    tensors = model.to_tensors(result)
     outputs, blobs = [], []
-    for name, binary in req.outputs:
-        arr = _cast(tensors[name], req.datatype, f"outputs.{name}")
+    for name, arr, binary in rules.output_tensors(model, req, result):
         entry: dict[str, Any] = {"name": name, "datatype": req.datatype, "shape": list(arr.shape)}
         if binary:
             blobs.append(binary_view(arr))  # a view: streamed from the array, or compressed, never copied whole
@@ -269,8 +184,3 @@ def encode(model: Model, req: InferRequest, result: Any, accept_encoding: str | 
         return EncodedResponse(parts, headers, media_type)
     headers["Content-Encoding"] = encoding
     return EncodedResponse((compress(parts, encoding),), headers, media_type)
-
-
-def _cast(arr: np.ndarray, datatype: str, field: str) -> np.ndarray:
-    check_finite(arr, field, datatype)
-    return np.asarray(arr, dtype=DATATYPES[datatype], order="C")  # not ascontiguousarray: it makes a scalar [1]

@@ -22,67 +22,67 @@ from app.server.api.v2 import codec
 from app.server.statistics import InferTimer
 from app.server.worker import INLINE_BODY_BYTES, Worker, staged
 
-router = APIRouter(tags=["v2"], route_class=DirectRoute, responses=openapi.V2_ERRORS)  # no dependency solving
+router = APIRouter(tags=["v2"], route_class=DirectRoute)  # no dependency solving
 
 EXTENSIONS = ["binary_tensor_data", "parameters", "statistics"]
 STREAM_BYTES = 1 << 20  # answers above this go out in slices of this size
 
 
-@router.get("/v2")
+@router.get("/v2", **openapi.V2_SERVER)
 async def server_metadata() -> Response:
     """Server name, version and the protocol extensions it supports."""
     return json_response({"name": "normserve", "version": __version__, "extensions": EXTENSIONS})
 
 
 # Declared before /v2/models/{name}, which would otherwise take "stats" for a model name (as in Triton).
-@router.get("/v2/models/stats")
+@router.get("/v2/models/stats", **openapi.V2_ALL_STATS)
 async def all_model_stats(worker: Worker) -> Response:
     """Triton statistics of every model."""
     models = [(m.name, m.version) for m in worker.runtime.models.values()]
     return json_response(worker.statistics.report(models))
 
 
-@router.get("/v2/models/{name}")
+@router.get("/v2/models/{name}", **openapi.V2_METADATA)
 async def model_metadata(name: str, worker: Worker) -> Response:
     """Inputs, outputs, datatypes and shapes (-1 = any size; layernorm's [-1] input takes any rank >= 1)."""
     return json_response(worker.model(name).metadata)
 
 
-@router.get("/v2/models/{name}/versions/{version}")
+@router.get("/v2/models/{name}/versions/{version}", **openapi.V2_METADATA)
 async def model_version_metadata(name: str, version: str, worker: Worker) -> Response:
     return json_response(worker.model(name, version).metadata)
 
 
-@router.get("/v2/models/{name}/ready")
+@router.get("/v2/models/{name}/ready", **openapi.V2_READY)
 async def model_ready(name: str, worker: Worker) -> Response:
     """200 when the model is known and the server ready (verified, not draining); 503 otherwise."""
     return readiness(worker.admission, {"name": worker.model(name).name})
 
 
-@router.get("/v2/models/{name}/versions/{version}/ready")
+@router.get("/v2/models/{name}/versions/{version}/ready", **openapi.V2_READY)
 async def model_version_ready(name: str, version: str, worker: Worker) -> Response:
     return readiness(worker.admission, {"name": worker.model(name, version).name})
 
 
-@router.post("/v2/models/{name}/infer")
+@router.post("/v2/models/{name}/infer", **openapi.V2_INFER)
 async def infer(name: str, request: Request, worker: Worker) -> Response:
     """Infer with JSON or binary tensors (Inference-Header-Content-Length), gzip/deflate either way."""
     return await _infer(request, worker, worker.model(name))
 
 
-@router.post("/v2/models/{name}/versions/{version}/infer")
+@router.post("/v2/models/{name}/versions/{version}/infer", **openapi.V2_INFER)
 async def infer_version(name: str, version: str, request: Request, worker: Worker) -> Response:
     return await _infer(request, worker, worker.model(name, version))
 
 
-@router.get("/v2/models/{name}/stats")
+@router.get("/v2/models/{name}/stats", **openapi.V2_STATS)
 async def model_stats(name: str, worker: Worker) -> Response:
     """Triton statistics of one model: counts and cumulative ns per stage, executions per batch size."""
     model = worker.model(name)
     return json_response(worker.statistics.report([(model.name, model.version)]))
 
 
-@router.get("/v2/models/{name}/versions/{version}/stats")
+@router.get("/v2/models/{name}/versions/{version}/stats", **openapi.V2_STATS)
 async def model_version_stats(name: str, version: str, worker: Worker) -> Response:
     model = worker.model(name, version)
     return json_response(worker.statistics.report([(model.name, model.version)]))
@@ -92,7 +92,7 @@ async def _infer(request: Request, worker: Worker, model: Model) -> Response:
     timer = InferTimer()
     timer.model = (model.name, model.version)  # a body that fails to arrive counts as a failure too
     try:
-        body = await read_body(request, worker.settings.max_body_bytes)
+        body = await read_body(request, worker.settings)
     except Exception:
         worker.statistics.record_failure(model.name, model.version, timer)
         raise

@@ -1,0 +1,189 @@
+"""One gRPC call: its request id, its errors as gRPC statuses, its metrics and its JSON log line.
+
+Errors map from the one status table (app/errors.py `status_for(exc, v2=True)`, the HTTP V2 status)
+on to gRPC codes, with HTTP's message text: 400 INVALID_ARGUMENT, 403 PERMISSION_DENIED, 404
+NOT_FOUND, 413 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, anything else INTERNAL.
+The request id is the request's `id` when it has one, else the `x-request-id` metadata (plain and
+short, as HTTP's X-Request-ID; else a new one); it goes back as `x-request-id` trailing metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from app.errors import MalformedBody, NormserveError, status_for
+from app.server import logs, metrics, observability
+from app.server.api.errors import printable
+from app.server.api.grpc import wire
+
+log = logging.getLogger("normserve.errors")
+REQUEST_ID = "x-request-id"
+CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+Unary = Callable[[Any, Any, "Call"], Awaitable[Any]]
+Streaming = Callable[[Any, Any, "Call"], AsyncIterator[Any]]
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """A request message protobuf could not parse: answered INVALID_ARGUMENT by the handler (grpc's own
+    deserializer failure would be INTERNAL, and a client's bytes are no server error)."""
+
+    type_name: str
+    size: int
+    reason: str
+    id: str = ""
+
+    def ByteSize(self) -> int:  # noqa: N802 (a protobuf message's method, for begin())
+        return self.size
+
+    def error(self) -> MalformedBody:
+        return MalformedBody(f"not a valid {self.type_name} ({self.reason})", "request")
+
+
+def decoder(message_type: Any) -> Callable[[bytes], Any]:
+    """The request deserializer of an RPC: the message, or Undecodable."""
+
+    def decode(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as e:
+            return Undecodable(message_type.DESCRIPTOR.full_name, len(data), str(e))
+
+    return decode
+
+
+def decoded(request: Any) -> Any:
+    """The request, or the MalformedBody of one that did not parse."""
+    if isinstance(request, Undecodable):
+        raise request.error()
+    return request
+
+
+def code_for(exc: NormserveError) -> grpc.StatusCode:
+    return CODES.get(status_for(exc, v2=True), grpc.StatusCode.INTERNAL)
+
+
+def incoming_id(context: Any, request_id: str = "") -> str:
+    if request_id:
+        return observability.request_id_from(request_id.encode("utf-8", "replace"))
+    value = next((m.value for m in context.invocation_metadata() or () if m.key == REQUEST_ID), None)
+    return observability.request_id_from(value.encode("utf-8", "replace") if isinstance(value, str) else value)
+
+
+@dataclass
+class Call:
+    """What the metrics and the log line learn of one call (or one message of a stream) while it runs."""
+
+    service: str
+    method: str
+    request_id: str
+    model: str = ""  # a loaded model's name, once the request has named one that exists
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    bytes_in: int = 0
+    bytes_out: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+    def failed(self, exc: BaseException, context: Any) -> str | None:
+        """Record an error's status; the message to abort with, or None for a cancelled call (nothing to send)."""
+        if isinstance(exc, NormserveError):
+            self.code = code_for(exc)
+            return printable(exc.message)
+        if isinstance(exc, grpc.aio.AbortError):  # the handler aborted with its own status (UNIMPLEMENTED, ...)
+            self.code = context.code() or grpc.StatusCode.UNKNOWN
+            return None
+        if isinstance(exc, asyncio.CancelledError):  # the client cancelled, or its deadline passed
+            remaining = context.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            self.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+            return None
+        if isinstance(exc, Exception):
+            # Never a traceback or an internal path to the client; the log has them.
+            log.exception("unexpected error in gRPC %s/%s", self.service, self.method)
+            self.code = grpc.StatusCode.INTERNAL
+            return "internal error"
+        return None
+
+    def finish(self) -> None:
+        seconds = time.perf_counter() - self.start
+        metrics.observe_grpc(self.service, self.method, self.model, self.code.name, seconds)
+        if logs.access_enabled():
+            route = f"/{self.service}/{self.method}"
+            logs.access(
+                {
+                    "request_id": self.request_id,
+                    "method": "GRPC",
+                    "route": route,
+                    "path": route,
+                    "status": self.code.value[0],
+                    "grpc_status": self.code.name,
+                    "duration_ms": round(seconds * 1000, 3),
+                    "model": self.model or None,
+                    "bytes_in": self.bytes_in,
+                    "bytes_out": self.bytes_out,
+                }
+            )
+
+
+def begin(service: str, method: str, context: Any, request: Any = None) -> Call:
+    call = Call(service, method, incoming_id(context, getattr(request, "id", "") or ""))
+    call.bytes_in = 0 if request is None else int(request.ByteSize())
+    return call
+
+
+def unary(service: str, method: str, fn: Unary) -> Callable[[Any, Any], Awaitable[Any]]:
+    """A unary handler: fn answers, or raises a domain error that becomes the call's status."""
+
+    async def handle(request: Any, context: Any) -> Any:
+        call = begin(service, method, context, request)
+        trailer = ((REQUEST_ID, call.request_id),)
+        try:
+            response = await fn(decoded(request), context, call)
+            call.bytes_out = wire.size(response)
+            context.set_trailing_metadata(trailer)
+            return response
+        except BaseException as exc:
+            message = call.failed(exc, context)
+            if message is None:
+                raise
+            await context.abort(call.code, message, trailing_metadata=trailer)
+        finally:
+            call.finish()
+
+    return handle
+
+
+def streaming(service: str, method: str, fn: Streaming, count: bool = True) -> Callable[[Any, Any], AsyncIterator[Any]]:
+    """A streaming handler; count=False when fn counts each message of the stream itself (ModelStreamInfer)."""
+
+    async def handle(requests: Any, context: Any) -> AsyncIterator[Any]:
+        call = begin(service, method, context)
+        try:
+            async for response in fn(decoded(requests), context, call):
+                call.bytes_out += wire.size(response)
+                yield response
+        except BaseException as exc:
+            message = call.failed(exc, context)
+            if message is None:
+                raise
+            await context.abort(call.code, message, trailing_metadata=((REQUEST_ID, call.request_id),))
+        finally:
+            if count:
+                call.finish()
+
+    return handle

@@ -1,0 +1,122 @@
+"""The gRPC server of one worker: grpcio's asyncio server on the app's event loop, started and stopped by the lifespan.
+
+It listens on NORMSERVE_HOST:NORMSERVE_GRPC_PORT (8001; 0 = off) in every worker process. Several
+workers share the port through SO_REUSEPORT (grpc's default on Linux, set here explicitly): each
+worker binds its own listening socket and the kernel spreads new connections across them, as
+uvicorn's shared socket does for HTTP. The same option lets two unrelated servers bind one port
+too, so give each deployment its own port (the tests take a free port per server).
+
+Handlers are registered from the service descriptors that tritonclient's generated modules carry,
+so every RPC of `inference.GRPCInferenceService` is routed: the implemented ones to
+app/server/api/grpc/service.py, the others (shared memory, tracing, log settings) to UNIMPLEMENTED.
+ModelInfer and ModelStreamInfer get wire.py's serializers, which append raw outputs without copies.
+Messages larger than NORMSERVE_MAX_BODY_BYTES, also after decompression, are refused by grpc itself
+with RESOURCE_EXHAUSTED before any handler runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from types import ModuleType
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2
+from tritonclient.grpc import service_pb2 as pb
+
+from app.server.api.grpc import calls, health, service, wire
+from app.server.worker import Worker
+
+log = logging.getLogger("normserve.lifecycle")
+MIN_GRACE_S = 1.0
+SERIALIZERS: dict[str, Callable[[Any], bytes]] = {
+    "ModelInfer": wire.serialize_infer,
+    "ModelStreamInfer": wire.serialize_stream,
+}
+
+
+def address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.so_reuseport", 1),  # every worker binds the port (module docstring)
+        ("grpc.max_receive_message_length", max_message_bytes),  # NORMSERVE_MAX_BODY_BYTES, decompressed too
+        ("grpc.max_send_message_length", -1),  # answers are bounded by the inputs' limits, as over HTTP
+    ]
+
+
+async def _unimplemented(request: Any, context: Any, call: calls.Call) -> Any:
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"normserve does not implement {call.method}")
+
+
+def handlers(descriptor: Any, messages: ModuleType, impl: object) -> dict[str, grpc.RpcMethodHandler]:
+    """A handler for every RPC of a service descriptor, wrapped by calls.py; UNIMPLEMENTED where impl has none."""
+    table: dict[str, grpc.RpcMethodHandler] = {}
+    for method in descriptor.methods:
+        request_type = getattr(messages, method.input_type.name)
+        response_type = getattr(messages, method.output_type.name)
+        fn: Any = getattr(impl, method.name, _unimplemented)
+        kw = {
+            "request_deserializer": calls.decoder(request_type),
+            "response_serializer": SERIALIZERS.get(method.name, response_type.SerializeToString),
+        }
+        name = descriptor.full_name
+        if not method.server_streaming:
+            table[method.name] = grpc.unary_unary_rpc_method_handler(calls.unary(name, method.name, fn), **kw)
+        elif method.client_streaming:  # ModelStreamInfer: each message is counted as its own call (service.py)
+            wrapped = calls.streaming(name, method.name, fn, count=False)
+            table[method.name] = grpc.stream_stream_rpc_method_handler(wrapped, **kw)
+        else:  # Health.Watch: counted once per stream
+            table[method.name] = grpc.unary_stream_rpc_method_handler(calls.streaming(name, method.name, fn), **kw)
+    return table
+
+
+def _register(server: grpc.aio.Server, name: str, table: Mapping[str, grpc.RpcMethodHandler]) -> None:
+    # As the generated add_*_to_server functions do: generic handlers, and registered ones where grpcio has them.
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, table),))
+    if hasattr(server, "add_registered_method_handlers"):
+        server.add_registered_method_handlers(name, table)
+
+
+def build(worker: Worker) -> tuple[grpc.aio.Server, service.InferenceService, health.HealthService]:
+    inference, checks = service.InferenceService(worker), health.HealthService(worker.admission)
+    server = grpc.aio.server(options=options(worker.settings.max_body_bytes))
+    inference_service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    _register(server, inference_service.full_name, handlers(inference_service, pb, inference))
+    health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
+    _register(server, health_service.full_name, handlers(health_service, health_pb2, checks))
+    return server, inference, checks
+
+
+def grace_s(worker: Worker) -> float:
+    """What is left of the drain timeout (all of it without a SIGTERM), at least MIN_GRACE_S."""
+    spent = 0.0 if worker.drain.signalled_at is None else time.monotonic() - worker.drain.signalled_at
+    return max(MIN_GRACE_S, worker.settings.drain_timeout_s - spent)
+
+
+@asynccontextmanager
+async def serving(worker: Worker) -> AsyncIterator[grpc.aio.Server | None]:
+    """Serve gRPC for the lifespan's duration (nothing when NORMSERVE_GRPC_PORT is 0); a port in use fails start-up."""
+    settings = worker.settings
+    if settings.grpc_port == 0:
+        yield None
+        return
+    server, inference, checks = build(worker)
+    where = address(settings.host, settings.grpc_port)
+    server.add_insecure_port(where)  # RuntimeError when it cannot bind: the worker does not start half-served
+    await server.start()
+    log.info("gRPC listening on %s", where, extra={"grpc_address": where})
+    try:
+        yield server
+    finally:
+        # The drain (SIGTERM) has already waited for in-flight inferences; mark draining in case no signal came,
+        # so that RPCs arriving during the grace answer UNAVAILABLE, then end idle streams and stop.
+        worker.admission.draining = True
+        inference.close()
+        checks.close()
+        await server.stop(grace_s(worker))

@@ -1,0 +1,154 @@
+"""inference.GRPCInferenceService: thin handlers on the Worker, as the HTTP V2 routes are.
+
+Each RPC is a method of that name taking (request, context, call); app/server/api/grpc/server.py
+registers them from the service's descriptor, wrapped by app/server/api/grpc/calls.py (statuses,
+metrics, the log line); RPCs with no method here answer UNIMPLEMENTED. The codec reads and
+writes the messages, the model's kind turns tensors into the data plane's input and back, and
+Worker.infer runs it with admission, the timeout (or the client's shorter deadline) and statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tritonclient.grpc import service_pb2 as pb
+
+from app.core.model import Model
+from app.errors import ModelControlDisabled
+from app.server.api.grpc import calls, codec, messages, wire
+from app.server.api.grpc.calls import Call
+from app.server.api.v2.rules import InferRequest
+from app.server.statistics import InferTimer
+from app.server.worker import INLINE_BODY_BYTES, Worker, staged
+
+SERVICE = "inference.GRPCInferenceService"
+# Requests of one stream computed at once; the stream's reader waits past it (grpc's flow control pushes back).
+STREAM_WINDOW = 16
+# Triton's answer outside `explicit` model control mode; HTTP would say it with a 403 (app/errors.py).
+MODEL_CONTROL = (
+    "cannot {} model {!r}: explicit model control is off (NORMSERVE_MODEL_CONTROL=explicit is not supported yet); "
+    "the models in NORMSERVE_MODEL_DIR load at start-up and stay"
+)
+
+
+class InferenceService:
+    """The RPCs of one worker; `close()` ends its streams once their answers are sent (shutdown)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self._readers: set[asyncio.Task[None]] = set()
+
+    async def ServerLive(self, request: Any, context: Any, call: Call) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any, call: Call) -> Any:
+        """True when every model is verified and warmed up, and the worker is not draining."""
+        return pb.ServerReadyResponse(ready=self.worker.admission.accepting)
+
+    async def ModelReady(self, request: Any, context: Any, call: Call) -> Any:
+        self._model(request.name, request.version, call)  # NOT_FOUND for a model that does not exist
+        return pb.ModelReadyResponse(ready=self.worker.admission.accepting)
+
+    async def ServerMetadata(self, request: Any, context: Any, call: Call) -> Any:
+        return messages.server_metadata()
+
+    async def ModelMetadata(self, request: Any, context: Any, call: Call) -> Any:
+        return messages.model_metadata(self._model(request.name, request.version, call))
+
+    async def ModelConfig(self, request: Any, context: Any, call: Call) -> Any:
+        return messages.model_config(self._model(request.name, request.version, call))
+
+    async def ModelStatistics(self, request: Any, context: Any, call: Call) -> Any:
+        """Triton statistics, shared with HTTP's /stats: one model, or every model when the name is empty."""
+        if request.name:
+            models = [self._model(request.name, request.version, call)]
+        else:
+            models = list(self.worker.runtime.models.values())
+        return messages.statistics(self.worker.statistics.report([(m.name, m.version) for m in models]))
+
+    async def RepositoryIndex(self, request: Any, context: Any, call: Call) -> Any:
+        models = list(self.worker.runtime.models.values())
+        return messages.repository_index(models, self.worker.admission, request.ready)
+
+    async def RepositoryModelLoad(self, request: Any, context: Any, call: Call) -> Any:
+        raise ModelControlDisabled(MODEL_CONTROL.format("load", request.model_name))
+
+    async def RepositoryModelUnload(self, request: Any, context: Any, call: Call) -> Any:
+        raise ModelControlDisabled(MODEL_CONTROL.format("unload", request.model_name))
+
+    async def ModelInfer(self, request: Any, context: Any, call: Call) -> wire.Encoded:
+        return await self._infer(request, context, call)
+
+    async def ModelStreamInfer(self, requests: Any, context: Any, _call: Call) -> AsyncIterator[Any]:
+        """One answer per request, in the order sent; up to STREAM_WINDOW of them computed at once.
+
+        An error answers its request with `error_message` (and its id), and the stream goes on, as in Triton.
+        """
+        answers: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue()
+        window = asyncio.Semaphore(STREAM_WINDOW)
+        reader = asyncio.ensure_future(self._read(requests, context, answers, window))
+        self._readers.add(reader)
+        try:
+            while (task := await answers.get()) is not None:
+                answer = await task
+                window.release()
+                yield answer
+        finally:
+            reader.cancel()
+            self._readers.discard(reader)
+            while not answers.empty():  # a cancelled stream: its requests not yet answered stop too
+                queued = answers.get_nowait()
+                if queued is not None:
+                    queued.cancel()
+
+    def close(self) -> None:
+        """Stop reading every stream: each still sends the answers of the requests it has, then ends (OK)."""
+        for reader in list(self._readers):
+            reader.cancel()
+
+    async def _read(self, requests: Any, context: Any, answers: asyncio.Queue[Any], window: asyncio.Semaphore) -> None:
+        try:
+            async for request in requests:
+                await window.acquire()
+                answers.put_nowait(asyncio.ensure_future(self._stream_answer(request, context)))
+        except Exception:  # the client went away mid-read: the stream's handler ends with it
+            pass
+        finally:
+            answers.put_nowait(None)
+
+    async def _stream_answer(self, request: Any, context: Any) -> Any:
+        """One message of a stream, logged and counted as its own call; an error becomes its error_message."""
+        call = calls.begin(SERVICE, "ModelStreamInfer", context, request)
+        try:
+            answer = await self._infer(calls.decoded(request), context, call)
+        except BaseException as exc:
+            message = call.failed(exc, context)
+            if message is None:
+                raise
+            failed = pb.ModelInferResponse(id=request.id)  # as Triton: the id tells the client which request failed
+            answer = pb.ModelStreamInferResponse(error_message=message, infer_response=failed)
+        finally:
+            call.finish()
+        call.bytes_out = wire.size(answer)
+        return answer
+
+    def _model(self, name: str, version: str, call: Call) -> Model:
+        model = self.worker.model(name, version or None)  # an empty version is the latest, as in Triton
+        call.model = model.name
+        return model
+
+    async def _infer(self, request: Any, context: Any, call: Call) -> wire.Encoded:
+        model = self._model(request.model_name, request.model_version, call)
+        timer = InferTimer()  # the request is in memory: grpc has read and parsed it
+        timer.model = (model.name, model.version)
+        settings = self.worker.settings
+
+        def decode() -> tuple[Model, object, InferRequest]:
+            req = codec.decode(request, model, settings)
+            return model, req.input, req
+
+        job = staged(timer, decode, lambda req, result: codec.encode(model, req, result))
+        inline = call.bytes_in <= INLINE_BODY_BYTES and getattr(model, "batcher", None) is None  # no thread hop
+        return await self.worker.infer(timer, job, inline=inline, deadline_s=context.time_remaining())

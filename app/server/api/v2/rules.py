@@ -1,0 +1,156 @@
+"""The Open Inference Protocol's rules for an infer request, once for both of its transports.
+
+The HTTP codec (app/server/api/v2/codec.py) parses JSON and binary sections, the gRPC codec
+(app/server/api/grpc/codec.py) reads protobuf messages; both hand plain values to these
+functions, which check them and phrase the errors. So a rule (a known input, its datatype, its
+rank and element limits, the byte count of raw data, BOOL bytes, the parameters, the requested
+outputs, a finite result) lives here alone and reads the same whichever transport broke it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Container, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.core.dataplane import Fields
+from app.core.model import Model, TensorSpec
+from app.core.tensors import DATATYPES, check_finite, check_shape, decode_binary
+from app.errors import InvalidInput, shown
+from app.settings import Settings
+
+# Parameters of the protocol itself (tritonclient's reserved names): accepted, and only the first is used.
+PROTOCOL_PARAMETERS = ("binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
+# The data plane's fields as V2 names them: tensors are inputs, the small fields request parameters.
+FIELDS = Fields(
+    x="inputs.input",
+    gamma="inputs.gamma",
+    beta="inputs.beta",
+    k="parameters.normalized_ndim",
+    eps="parameters.eps",
+    eps_mode="parameters.eps_mode",
+    padding_mask="inputs.padding_mask",
+)
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    id: str | None
+    input: Any  # the data plane's input, built by the model's kind (checked)
+    datatype: str  # of `input`: every output is sent in it
+    outputs: list[tuple[str, bool]]  # the outputs to send, in order, and whether each goes binary (HTTP)
+
+
+def parameters(raw: Any, model: Model) -> dict[str, Any]:
+    """The request's parameters: only the model's own and the protocol's names."""
+    params = {} if raw is None else raw
+    if not isinstance(params, dict):
+        raise InvalidInput(f"expected an object, got {shown(params)}", "parameters")
+    for name, value in params.items():
+        if name not in model.parameters and name not in PROTOCOL_PARAMETERS:
+            known = ", ".join((*model.parameters, *PROTOCOL_PARAMETERS))
+            raise InvalidInput(f"unknown parameter for model {model.name!r}; expected one of {known}", name)
+        if name == "binary_data_output" and not isinstance(value, bool):
+            raise InvalidInput(f"expected true or false, got {shown(value)}", "parameters.binary_data_output")
+        # Accepted and unused, but still the protocol's parameter values (the model's own are checked as they are read).
+        if name in PROTOCOL_PARAMETERS and not isinstance(value, bool | int | float | str):
+            raise InvalidInput(f"expected a boolean, number or string, got {shown(value)}", f"parameters.{name}")
+    return params
+
+
+def input_spec(name: Any, index: int, model: Model, given: Container[str]) -> TensorSpec:
+    """The spec of the request's input number `index`: a string name the model knows, not given before."""
+    if not isinstance(name, str):
+        raise InvalidInput("expected an object with a string `name`", f"inputs[{index}]")
+    specs = {t.name: t for t in model.inputs}
+    if name not in specs:
+        raise InvalidInput(f"unknown input for model {model.name!r}; expected {', '.join(specs)}", f"inputs.{name}")
+    if name in given:
+        raise InvalidInput("given twice", f"inputs.{name}")
+    return specs[name]
+
+
+def tensor_header(spec: TensorSpec, datatype: Any, shape: Any, settings: Settings) -> tuple[str, list[int]]:
+    """An input's datatype (one its spec accepts) and shape (rank and element limits), checked."""
+    field = f"inputs.{spec.name}"
+    if datatype not in spec.datatypes:
+        raise InvalidInput(
+            f"datatype {shown(datatype)} is not supported; expected {' or '.join(spec.datatypes)}", field
+        )
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise InvalidInput(f"expected a list of integers, got {shown(shape)}", f"{field}.shape")
+    if not 1 <= len(shape) <= settings.max_depth:
+        raise InvalidInput(
+            f"rank {len(shape)}; expected 1..{settings.max_depth} (NORMSERVE_MAX_DEPTH)", f"{field}.shape"
+        )
+    check_shape(shape, field, settings.max_elements)
+    return datatype, shape
+
+
+def tensor_parameters(params: Any, spec: TensorSpec, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """An input's own parameters: only the allowed names (HTTP: binary_data_size; gRPC: none)."""
+    params = {} if params is None else params  # not `or`: [], 0, "" and false are not objects
+    if not isinstance(params, dict) or any(k not in allowed for k in params):
+        only = f"; only {' or '.join(allowed)} is" if allowed else ""
+        raise InvalidInput(f"parameters {shown(params)} are not supported{only}", f"inputs.{spec.name}")
+    return params
+
+
+def from_raw(
+    raw: memoryview | bytes,
+    spec: TensorSpec,
+    datatype: str,
+    shape: list[int],
+    field: str,
+    size_name: str = "binary_data_size",
+) -> np.ndarray:
+    """Raw little-endian bytes -> the input: its byte count must match the shape, BOOL bytes be 0 or 1.
+
+    A number tensor is a view of the raw bytes, no copy (peak RSS): the data plane's input checks and casts it."""
+    arr = decode_binary(raw, datatype, shape, field, size_name)
+    if datatype == "BOOL":
+        if arr.view(np.uint8).max(initial=0) > 1:
+            raise InvalidInput("BOOL bytes must be 0 or 1", f"inputs.{spec.name}")
+        return arr.copy()  # a copy: the request's memory is not the data plane's
+    return arr
+
+
+def check_count(count: int, shape: list[int], field: str) -> None:
+    """Elements sent inline (JSON `data`, gRPC typed contents) must fill the shape: only the count must match."""
+    if count != math.prod(shape):
+        raise InvalidInput(f"{count} elements, but shape {shape} needs {math.prod(shape)}", field)
+
+
+def requested_outputs(
+    entries: Iterable[tuple[Any, Any]], model: Model, binary_default: bool, allowed: tuple[str, ...]
+) -> list[tuple[str, bool]]:
+    """(name, parameters) of each requested output -> (name, binary) in order; none named: every output."""
+    names = [t.name for t in model.outputs]
+    chosen: list[tuple[str, bool]] = []
+    for i, (name, raw_params) in enumerate(entries):
+        if name not in names:
+            raise InvalidInput(f"unknown output {shown(name)}; expected one of {', '.join(names)}", f"outputs[{i}]")
+        if any(n == name for n, _ in chosen):
+            raise InvalidInput("requested twice", f"outputs.{name}")
+        params = {} if raw_params is None else raw_params  # not `or`: [], 0, "" and false are not objects
+        if not isinstance(params, dict) or any(k not in allowed for k in params):
+            only = f"; only {' or '.join(allowed)} is" if allowed else ""
+            raise InvalidInput(f"parameters {shown(params)} are not supported{only}", f"outputs.{name}")
+        binary = params.get("binary_data", binary_default)
+        if not isinstance(binary, bool):
+            raise InvalidInput(f"expected true or false, got {shown(binary)}", f"outputs.{name}.parameters.binary_data")
+        chosen.append((name, binary))
+    return chosen or [(n, binary_default) for n in names]  # none named: every output, as Triton does
+
+
+def output_tensors(model: Model, req: InferRequest, result: Any) -> Iterable[tuple[str, np.ndarray, bool]]:
+    """Each requested output in the request's datatype, refused if it does not fit it: (name, array, binary)."""
+    tensors: Mapping[str, np.ndarray] = model.to_tensors(result)
+    for name, binary in req.outputs:
+        arr = tensors[name]
+        check_finite(arr, f"outputs.{name}", req.datatype)
+        # not ascontiguousarray: it makes a scalar [1]
+        yield name, np.asarray(arr, dtype=DATATYPES[req.datatype], order="C"), binary

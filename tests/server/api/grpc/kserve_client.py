@@ -1,0 +1,40 @@
+"""KServe's InferenceGRPCClient against a server, in a process of its own: prints what it got as one JSON line.
+
+Its own process, because KServe's generated messages and tritonclient's both register the `inference.*` protobuf
+names in the default descriptor pool, and the second to load fails: a pytest process has tritonclient's.
+Usage: python -m tests.server.api.grpc.kserve_client ADDRESS BINARY(0|1)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+import numpy as np
+from kserve import InferenceGRPCClient, InferInput, InferRequest
+
+X23 = np.array([[0.2, 0.1, 0.3], [0.5, 0.1, 0.1]], np.float32)
+
+
+async def session(address: str, binary: bool) -> dict[str, Any]:
+    client = InferenceGRPCClient(address, timeout=30)
+    try:
+        x = InferInput("input", list(X23.shape), "FP32")
+        x.set_data_from_numpy(X23, binary_data=binary)
+        request = InferRequest("layernorm", [x], request_id="kserve", parameters={"eps_mode": "std"})
+        answer = await client.infer(request)
+        return {
+            "live": await client.is_server_live(),
+            "ready": await client.is_server_ready(),
+            "model_ready": await client.is_model_ready("layernorm"),
+            "id": answer.id,
+            "outputs": {o.name: o.as_numpy().tolist() for o in answer.outputs},
+        }
+    finally:
+        await client.close()
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(session(sys.argv[1], sys.argv[2] == "1"))))

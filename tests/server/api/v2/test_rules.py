@@ -1,0 +1,177 @@
+"""rules.py: the Open Inference Protocol's infer-request rules, once for HTTP and gRPC; every message whole."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.core.runtime import Runtime
+from app.errors import InvalidInput, MalformedBody
+from app.server.api.v2 import rules
+from app.settings import Settings
+
+SETTINGS = Settings(max_depth=4, max_elements=1000)
+KNOWN = (
+    "eps, eps_mode, normalized_ndim, binary_data_output, sequence_id, sequence_start, sequence_end, priority, timeout"
+)
+
+
+def _refused(fn: Any, *args: Any) -> str:
+    with pytest.raises(InvalidInput) as e:
+        fn(*args)
+    return e.value.message
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ([1], "parameters: expected an object, got [1]"),
+        ({"alpha": 1}, f"alpha: unknown parameter for model 'layernorm'; expected one of {KNOWN}"),
+        ({"binary_data_output": 1}, "parameters.binary_data_output: expected true or false, got 1"),
+    ],
+)
+def test_parameters_are_the_models_and_the_protocols_only(runtime: Runtime, params: Any, message: str) -> None:
+    assert _refused(rules.parameters, params, runtime.get("layernorm")) == message
+
+
+def test_parameters_pass_through_when_known(runtime: Runtime) -> None:
+    params = {"eps": 1e-3, "priority": 2, "binary_data_output": True}
+    assert rules.parameters(params, runtime.get("layernorm")) == params
+    assert rules.parameters(None, runtime.get("layernorm")) == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "given", "message"),
+    [
+        (None, (), "inputs[0]: expected an object with a string `name`"),
+        ("x", (), "inputs.x: unknown input for model 'layernorm'; expected input, gamma, beta"),
+        ("input", ("input",), "inputs.input: given twice"),
+    ],
+)
+def test_an_input_must_be_named_known_and_given_once(runtime: Runtime, name: Any, given: Any, message: str) -> None:
+    assert _refused(rules.input_spec, name, 0, runtime.get("layernorm"), given) == message
+
+
+@pytest.mark.parametrize(
+    ("datatype", "shape", "message"),
+    [
+        ("INT8", [2], "inputs.input: datatype 'INT8' is not supported; expected FP32 or FP64"),
+        ("FP32", "2x3", "inputs.input.shape: expected a list of integers, got '2x3'"),
+        ("FP32", [True], "inputs.input.shape: expected a list of integers, got [True]"),
+        ("FP32", [1, 1, 1, 1, 1], "inputs.input.shape: rank 5; expected 1..4 (NORMSERVE_MAX_DEPTH)"),
+        ("FP32", [0, 3], "inputs.input: dimension 0 is empty (shape [0, 3]); every dimension needs >= 1"),
+        ("FP32", [100, 11], "inputs.input: 1100 elements exceed the limit of 1000 (NORMSERVE_MAX_ELEMENTS)"),
+    ],
+)
+def test_an_inputs_datatype_and_shape_keep_the_limits(
+    runtime: Runtime, datatype: str, shape: Any, message: str
+) -> None:
+    spec = runtime.get("layernorm").inputs[0]
+    assert _refused(rules.tensor_header, spec, datatype, shape, SETTINGS) == message
+
+
+def test_a_valid_header_is_returned_as_given(runtime: Runtime) -> None:
+    assert rules.tensor_header(runtime.get("layernorm").inputs[0], "FP64", [10, 100], SETTINGS) == ("FP64", [10, 100])
+
+
+@pytest.mark.parametrize(
+    ("params", "allowed", "message"),
+    [
+        (
+            {"shm": 1},
+            ("binary_data_size",),
+            "inputs.input: parameters {'shm': 1} are not supported; only binary_data_size is",
+        ),
+        ({"shm": 1}, (), "inputs.input: parameters {'shm': 1} are not supported"),
+        ([1], ("binary_data_size",), "inputs.input: parameters [1] are not supported; only binary_data_size is"),
+    ],
+)
+def test_an_inputs_parameters_are_the_transports_only(
+    runtime: Runtime, params: Any, allowed: Any, message: str
+) -> None:
+    assert _refused(rules.tensor_parameters, params, runtime.get("layernorm").inputs[0], allowed) == message
+
+
+def test_raw_bytes_must_fill_the_shape_and_bools_be_zero_or_one(runtime: Runtime) -> None:
+    spec, mask = runtime.get("layernorm").inputs[0], runtime.get("encoder").inputs[1]
+    with pytest.raises(MalformedBody) as e:
+        rules.from_raw(b"\0" * 8, spec, "FP32", [3], "inputs.input", "raw_input_contents")
+    assert e.value.message == "inputs.input: raw_input_contents is 8 bytes, but shape [3] of FP32 needs 12"
+    assert (
+        _refused(rules.from_raw, b"\0\2", mask, "BOOL", [1, 2], "f") == "inputs.padding_mask: BOOL bytes must be 0 or 1"
+    )
+    raw = np.arange(3, dtype=np.float32).tobytes()
+    assert rules.from_raw(raw, spec, "FP32", [3], "f").tolist() == [0, 1, 2]
+    flags = rules.from_raw(bytearray(b"\0\1"), mask, "BOOL", [1, 2], "f")
+    assert flags.tolist() == [[False, True]] and flags.flags.writeable  # a copy, not the request's memory
+
+
+def test_inline_elements_must_fill_the_shape() -> None:
+    assert (
+        _refused(rules.check_count, 5, [2, 3], "inputs.input.data")
+        == "inputs.input.data: 5 elements, but shape [2, 3] needs 6"
+    )
+    rules.check_count(6, [2, 3], "inputs.input.data")
+
+
+@pytest.mark.parametrize(
+    ("entries", "allowed", "message"),
+    [
+        ([("out", None)], (), "outputs[0]: unknown output 'out'; expected one of output, mean, inv_std_dev"),
+        ([("mean", None), ("mean", None)], (), "outputs.mean: requested twice"),
+        ([("mean", {"classification": 2})], (), "outputs.mean: parameters {'classification': 2} are not supported"),
+        (
+            [("mean", {"binary_data": "yes"})],
+            ("binary_data",),
+            "outputs.mean.parameters.binary_data: expected true or false, got 'yes'",
+        ),
+    ],
+)
+def test_requested_outputs_must_be_known_and_once(runtime: Runtime, entries: Any, allowed: Any, message: str) -> None:
+    assert _refused(rules.requested_outputs, entries, runtime.get("layernorm"), False, allowed) == message
+
+
+@pytest.mark.parametrize(
+    ("entries", "expected"),
+    [
+        ([], [("output", True), ("mean", True), ("inv_std_dev", True)]),
+        ([("mean", {"binary_data": False}), ("output", None)], [("mean", False), ("output", True)]),
+    ],
+)
+def test_requested_outputs_in_order_or_every_output(runtime: Runtime, entries: Any, expected: Any) -> None:
+    assert rules.requested_outputs(entries, runtime.get("layernorm"), True, ("binary_data",)) == expected
+
+
+def test_outputs_are_cast_to_the_requests_datatype_and_must_fit_it(runtime: Runtime) -> None:
+    model = runtime.get("layernorm")
+    x = np.array([[1.0, 2.0, 4.0]], np.float32)
+    req = rules.InferRequest(None, rules_input(model, x), "FP32", [("mean", False), ("output", True)])
+    out = list(rules.output_tensors(model, req, model.infer(req.input)))
+    assert [(n, a.dtype, a.shape, b) for n, a, b in out] == [
+        ("mean", np.float32, (1,), False),
+        ("output", np.float32, (1, 3), True),
+    ]
+
+
+class _Float64Result:
+    """A model kind whose float64 result does not fit float32: the cast must refuse it, naming the output."""
+
+    def to_tensors(self, result: Any) -> dict[str, np.ndarray]:
+        return {"output": np.array([1.0, 1e300])}
+
+
+def test_an_output_that_does_not_fit_the_requests_datatype_is_refused() -> None:
+    req = rules.InferRequest(None, None, "FP32", [("output", False)])
+    with pytest.raises(InvalidInput) as e:
+        list(rules.output_tensors(_Float64Result(), req, None))  # type: ignore[arg-type]
+    hint = "scale the input or gamma down, or use a larger eps"
+    assert e.value.message == f"outputs.output: the result is not finite in FP32 (it overflows); {hint}"
+    fp64 = rules.InferRequest(None, None, "FP64", [("output", False)])
+    ((_, arr, _),) = rules.output_tensors(_Float64Result(), fp64, None)  # type: ignore[arg-type]
+    assert arr.dtype == np.float64
+
+
+def rules_input(model: Any, x: np.ndarray) -> Any:
+    return model.from_tensors({"input": x}, {}, rules.FIELDS)

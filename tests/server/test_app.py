@@ -1,0 +1,223 @@
+"""app/server/app.py: create_app puts one Worker on app.state, mounts every protocol's routes, and its lifespan
+starts the worker (ready once verified), wraps the server's signal handlers, and drains on the way out.
+
+The lifespan runs here in process, on the main thread as under uvicorn, with the app driven by httpx over ASGI;
+uvicorn's own handle_exit is installed first, as uvicorn installs it before the lifespan starts. gRPC is off
+(NORMSERVE_GRPC_PORT=0) in these apps, as in every test server that does not test gRPC (tests/live_server.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio.to_thread
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from starlette.routing import Match
+
+from app.core.seeds import SEED003
+from app.server.app import create_app
+from app.server.drain import DRAIN_SIGNALS
+from app.server.worker import Worker
+from app.settings import Settings
+from tests.live_server import MODELS
+
+T = TypeVar("T")
+
+# Every documented route of every protocol: REST, health, V2 and metrics.
+ROUTES = [
+    ("POST", "/normalize"),
+    ("POST", "/encode"),
+    ("GET", "/v2/health/live"),
+    ("GET", "/v2/health/ready"),
+    ("GET", "/v2"),
+    ("GET", "/v2/models/stats"),
+    ("GET", "/v2/models/{name}"),
+    ("GET", "/v2/models/{name}/versions/{version}"),
+    ("GET", "/v2/models/{name}/ready"),
+    ("GET", "/v2/models/{name}/versions/{version}/ready"),
+    ("POST", "/v2/models/{name}/infer"),
+    ("POST", "/v2/models/{name}/versions/{version}/infer"),
+    ("GET", "/v2/models/{name}/stats"),
+    ("GET", "/v2/models/{name}/versions/{version}/stats"),
+    ("GET", "/metrics"),
+]
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run coro on a new event loop of this (main) thread; not asyncio.run, which installs a SIGINT handler itself."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+
+
+def client(app: FastAPI) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://normserve")
+
+
+async def ready_answer(c: httpx.AsyncClient, settled: str) -> httpx.Response:
+    """GET /v2/health/ready until its body holds `settled` (the worker starts in the background)."""
+    deadline = time.monotonic() + 30
+    while settled not in (r := await c.get("/v2/health/ready")).text:
+        assert time.monotonic() < deadline, r.text
+        await asyncio.sleep(0.01)
+    return r
+
+
+@pytest.fixture
+def server_handlers(signal_handlers: None) -> Iterator[uvicorn.Server]:
+    """uvicorn's handle_exit installed for SIGTERM and SIGINT, as uvicorn does before the lifespan starts."""
+    server = uvicorn.Server(uvicorn.Config("app.main:app"))
+    for sig in DRAIN_SIGNALS:
+        signal.signal(sig, server.handle_exit)
+    yield server
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """The lifespan configures the normserve and uvicorn loggers of this process: put them back afterwards."""
+    loggers = [logging.getLogger(name) for name in ("normserve", "uvicorn", "uvicorn.access")]
+    saved = [(list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    try:
+        yield
+    finally:
+        for lg, (handlers, level, propagate) in zip(loggers, saved, strict=True):
+            lg.handlers, lg.propagate = handlers, propagate
+            lg.setLevel(level)
+
+
+# ---- create_app --------------------------------------------------------------------------------------------
+
+
+def test_create_app_puts_one_worker_built_from_the_given_settings_on_app_state(tmp_path: Path) -> None:
+    settings = Settings(model_dir=tmp_path, max_in_flight=3, drain_timeout_s=7.0)
+    app = create_app(settings)
+    worker = app.state.worker
+    assert isinstance(worker, Worker) and worker.settings is settings
+    assert (worker.admission.max_in_flight, worker.drain.timeout_s) == (3, 7.0)
+    assert worker.drain.admission is worker.admission  # one admission: what drains is what admits
+    assert create_app(settings).state.worker is not worker  # each app its own worker
+
+
+def test_create_app_without_settings_reads_them_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NORMSERVE_MODEL_DIR", str(tmp_path))
+    monkeypatch.setenv("NORMSERVE_MAX_IN_FLIGHT", "5")
+    settings = create_app().state.worker.settings
+    assert (settings.model_dir, settings.max_in_flight) == (tmp_path, 5)
+
+
+def test_the_routes_answer_from_the_apps_own_worker() -> None:
+    app = create_app(Settings(model_dir=MODELS))
+
+    async def readiness() -> httpx.Response:
+        async with client(app) as c:
+            return await c.get("/v2/health/ready")
+
+    before = run(readiness())  # no lifespan has run: the worker has not started
+    assert before.status_code == 503 and before.json() == {"ready": False, "error": "not ready: models are loading"}
+    app.state.worker.start()
+    after = run(readiness())
+    assert after.status_code == 200 and after.json() == {"ready": True}
+
+
+def route_match(app: FastAPI, method: str, path: str) -> Match:
+    """How the app's router matches a request: FULL (a route), PARTIAL (the path, another method) or NONE."""
+    scope = {"type": "http", "method": method, "path": path, "root_path": ""}
+    return max((route.matches(scope)[0] for route in app.router.routes), key=lambda m: m.value)
+
+
+def test_every_protocols_routes_are_mounted_and_no_others_documented() -> None:
+    paths = create_app(Settings(model_dir=MODELS)).openapi()["paths"]
+    assert sorted((method.upper(), path) for path, ops in paths.items() for method in ops) == sorted(ROUTES)
+
+
+@pytest.mark.parametrize(("method", "template"), ROUTES, ids=[f"{m} {p}" for m, p in ROUTES])
+def test_each_route_takes_its_method_and_only_that(method: str, template: str) -> None:
+    app = create_app(Settings(model_dir=MODELS))
+    path = template.replace("{name}", "layernorm").replace("{version}", "1")
+    assert route_match(app, method, path) == Match.FULL
+    assert route_match(app, "DELETE", path) == Match.PARTIAL  # the path is known: 405, not 404
+
+
+@pytest.mark.parametrize(
+    "path", ["/", "/static/app.js", "/static/style.css", "/docs", "/docs/assets/swagger-ui.css", "/openapi.json"]
+)
+def test_the_undocumented_routes_are_mounted_the_playground_and_the_docs(path: str) -> None:
+    assert route_match(create_app(Settings(model_dir=MODELS)), "GET", path) == Match.FULL
+
+
+def test_an_unknown_path_matches_no_route() -> None:
+    assert route_match(create_app(Settings(model_dir=MODELS)), "GET", "/v3/models") == Match.NONE
+
+
+# ---- the lifespan ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_the_lifespan_starts_the_worker_until_ready_and_drains_it_on_shutdown(
+    server_handlers: uvicorn.Server,
+) -> None:
+    app = create_app(Settings(model_dir=MODELS, grpc_port=0))  # gRPC off: no port of its own in these tests
+    worker: Worker = app.state.worker
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response]:
+        async with app.router.lifespan_context(app), client(app) as c:
+            assert (await c.get("/v2/health/live")).json() == {"live": True}  # at once, whatever the models do
+            ready = await ready_answer(c, '"ready":true')
+            # The server's handlers are wrapped while the app runs: SIGTERM would drain first.
+            assert all(getattr(signal.getsignal(sig), "__self__", None) is worker.drain for sig in DRAIN_SIGNALS)
+            answer = await c.post("/normalize", json={"data": SEED003.x})
+        return ready, answer
+
+    ready, answer = run(scenario())
+    assert ready.status_code == 200 and ready.json() == {"ready": True}
+    assert answer.status_code == 200
+    np.testing.assert_allclose(answer.json()["output"], SEED003.output, atol=1e-4)
+    assert worker.admission.ready and worker.admission.draining  # shut down: refusing new work
+    assert all(signal.getsignal(sig) == server_handlers.handle_exit for sig in DRAIN_SIGNALS)
+
+
+@pytest.mark.usefixtures("restore_logging", "signal_handlers")
+def test_the_lifespan_with_no_models_keeps_the_app_live_and_says_why_it_is_not_ready(tmp_path: Path) -> None:
+    app = create_app(Settings(model_dir=tmp_path, grpc_port=0))
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response]:
+        async with app.router.lifespan_context(app), client(app) as c:
+            not_ready = await ready_answer(c, "model check failed")
+            return await c.get("/v2/health/live"), not_ready
+
+    live, not_ready = run(scenario())
+    assert live.status_code == 200 and live.json() == {"live": True}
+    assert not_ready.status_code == 503 and not_ready.headers["retry-after"] == "1"
+    assert not_ready.json() == {
+        "ready": False,
+        "error": f"not ready: model check failed: {tmp_path}/manifest.json: manifest missing; run `normserve export`",
+    }
+
+
+@pytest.mark.usefixtures("restore_logging", "signal_handlers")
+@pytest.mark.parametrize(("max_in_flight", "threads"), [(4, 40), (40, 40), (100, 100)])
+def test_the_lifespan_gives_the_threadpool_at_least_as_many_threads_as_admitted_inferences(
+    max_in_flight: int, threads: int
+) -> None:
+    app = create_app(Settings(model_dir=MODELS, max_in_flight=max_in_flight, grpc_port=0))
+
+    async def scenario() -> int:
+        async with app.router.lifespan_context(app):
+            return int(anyio.to_thread.current_default_thread_limiter().total_tokens)
+
+    assert run(scenario()) == threads

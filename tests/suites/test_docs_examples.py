@@ -1,0 +1,716 @@
+"""Every example in README.md and docs/*.md, run as written against a real `normserve serve` on 127.0.0.1.
+
+What counts as an example (one test case each, id = file:line):
+
+- a ```sh block's `$ ` command, with its `\\` continuation lines; the lines after it, up to the next `$ `, are
+  its output (none: it prints nothing). A ```sh block without `$ ` holds commands shown without output.
+- a ```python block: a `>>> ` session (run as doctest runs a file: the file's earlier sessions first, in one
+  namespace), a script (its output is the ```text block right after it, if there is one), or code quoted
+  from a file of the repository (QUOTED: every line of it is in that file, in order).
+- a ```json block right after a command shown without output: the log line the server writes for that command.
+
+Commands run with bash from the repository root, with `127.0.0.1:8000` replaced by the test server's address
+and this venv's `normserve` first on PATH. The output is compared with the one shown: as JSON, structurally,
+when it is JSON, and otherwise as text with whitespace runs equal; numbers to the precision printed (the
+shown number is the real one rounded to its last printed digit); `…` (and `{…}`) elides anything. What
+cannot run here is a SKIPPED row with its reason, and an example that no rule runs fails.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import redirect_stdout
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from app.settings import Settings
+from benchmarks.servers import free_port
+from tests.live_server import ROOT, cli_server, server_env
+
+DOC_FILES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+DOC_ADDRESS = "127.0.0.1:8000"  # where the docs' server listens; replaced by the test server's address
+DOC_GRPC_ADDRESS = "127.0.0.1:8001"  # where its gRPC listens (NORMSERVE_GRPC_PORT); replaced likewise
+ELISION = "…"
+SHELL = ("sh", "bash", "console", "shell")
+RUNNABLE = ("curl", "normserve")  # the programs a command may start here
+VENV_BIN = Path(sys.executable).parent
+NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+
+# (file, command as written): why it does not run here. Every row must name an example of the docs.
+SKIPPED: dict[tuple[str, str], str] = {
+    (
+        "README.md",
+        "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/normserve serve",
+    ): "set-up: installs into a fresh venv and serves on port 8000 until stopped; this test starts `normserve serve` itself",
+    (
+        "README.md",
+        "bash scripts/system-deps.sh && python3 -m venv .venv && .venv/bin/pip install -e '.[export,test]' && .venv/bin/pytest",
+    ): "set-up: installs Debian packages and the test extras, then runs the whole suite, which CI runs itself",
+    (
+        "README.md",
+        "kubectl apply -f deploy/k8s/     # Deployment, Service (ClusterIP :80 -> :8000), HorizontalPodAutoscaler, PodDisruptionBudget",
+    ): "needs a Kubernetes cluster; tests/suites/test_manifests.py validates deploy/k8s/ against the Kubernetes schemas",
+    (
+        "README.md",
+        "kubectl port-forward svc/normserve 8000:80 &  # then: curl -s 127.0.0.1:8000/v2/health/ready",
+    ): "needs a Kubernetes cluster running the Deployment above",
+}
+
+# (file, first line of a ```python block): the file of the repository it quotes.
+QUOTED: dict[tuple[str, str], str] = {
+    ("docs/normalization.md", "mean = x.mean(axis=axes, keepdims=True)  # ..., 1 (k ones)"): "app/core/reference.py",
+    ("docs/normalization.md", "if self.norm_first:"): "app/export/modules.py",
+}
+
+SHARED_PATHS = ("../shared", "shared/seeds", "shared/spec")
+
+
+# ---- the docs' fenced blocks and the examples in them ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Block:
+    doc: str  # path relative to the repository root
+    fence: int  # line of the opening fence (1-based)
+    lang: str
+    lines: tuple[str, ...]
+
+    @property
+    def first(self) -> int:
+        """Line of the block's first line of content."""
+        return self.fence + 1
+
+
+@dataclass(frozen=True)
+class Example:
+    doc: str
+    line: int
+    kind: str  # command, session, script, quote, log, or unknown
+    code: str
+    shown: str | None  # the output shown; None: none is shown (a command in a block without `$ `)
+    setup: tuple[str, ...] = field(default=())  # sessions: the file's earlier sessions, run first
+
+    @property
+    def id(self) -> str:
+        return f"{self.doc}:{self.line}"
+
+
+def fenced_blocks(path: Path) -> list[Block]:
+    lines = path.read_text().splitlines()
+    doc = str(path.relative_to(ROOT))
+    blocks, i = [], 0
+    while i < len(lines):
+        opening = re.fullmatch(r"\s*```(\S*)\s*", lines[i])
+        if opening is None:
+            i += 1
+            continue
+        end = i + 1
+        while end < len(lines) and not lines[end].strip().startswith("```"):
+            end += 1
+        blocks.append(Block(doc, i + 1, opening.group(1), tuple(lines[i + 1 : end])))
+        i = end + 1
+    return blocks
+
+
+def shell_examples(block: Block) -> list[Example]:
+    """A block's commands: each `$ ` line with its continuations and output, or each line if none has `$ `."""
+    lines = block.lines
+    if not any(line.startswith("$ ") for line in lines):
+        return [
+            Example(block.doc, block.first + n, "command", line.strip(), None)
+            for n, line in enumerate(lines)
+            if line.strip() and not line.lstrip().startswith("#")
+        ]
+    found, i = [], 0
+    while i < len(lines):
+        if not lines[i].startswith("$ "):
+            if lines[i].strip():  # output before any command: no rule runs it
+                found.append(Example(block.doc, block.first + i, "unknown", lines[i], None))
+            i += 1
+            continue
+        start, command = i, [lines[i][2:]]
+        while command[-1].endswith("\\") and i + 1 < len(lines):
+            i += 1
+            command.append(lines[i])
+        i += 1
+        output_start = i
+        while i < len(lines) and not lines[i].startswith("$ "):
+            i += 1
+        shown = "\n".join(lines[output_start:i]).strip("\n")
+        found.append(Example(block.doc, block.first + start, "command", "\n".join(command), shown))
+    return found
+
+
+def examples_of(path: Path) -> list[Example]:
+    blocks = fenced_blocks(path)
+    found: list[Example] = []
+    sessions: list[str] = []
+    for n, block in enumerate(blocks):
+        before = blocks[n - 1] if n else None
+        after = blocks[n + 1] if n + 1 < len(blocks) else None
+        code = "\n".join(block.lines)
+        if block.lang in SHELL:
+            found += shell_examples(block)
+        elif block.lang == "python" and code.lstrip().startswith(">>> "):
+            found.append(Example(block.doc, block.first, "session", code, None, tuple(sessions)))
+            sessions.append(code)
+        elif block.lang == "python" and (block.doc, block.lines[0]) in QUOTED:
+            found.append(Example(block.doc, block.first, "quote", code, None))
+        elif block.lang == "python":
+            shown = "\n".join(after.lines) if after is not None and after.lang == "text" else None
+            found.append(Example(block.doc, block.first, "script", code, shown))
+        elif block.lang == "text" and before is not None and before.lang == "python":
+            continue  # a script's output, compared with the script
+        elif block.lang == "json" and before is not None and before.lang in SHELL:
+            command = shell_examples(before)[-1]
+            if command.shown == "":
+                found.append(Example(block.doc, block.first, "log", command.code, code))
+            else:
+                found.append(Example(block.doc, block.first, "unknown", code, None))
+        elif block.lang:
+            found.append(Example(block.doc, block.first, "unknown", code, None))
+    return found
+
+
+EXAMPLES = [example for path in DOC_FILES for example in examples_of(path)]
+
+
+# ---- comparing what is shown with what runs ---------------------------------------------------------------------
+
+
+class _Any:
+    """`…` or `{…}`: matches anything."""
+
+    def __repr__(self) -> str:
+        return ELISION
+
+
+ANY = _Any()
+
+
+@dataclass(frozen=True)
+class Num:
+    text: str  # as printed: its last digit is its precision
+
+
+@dataclass(frozen=True)
+class Pattern:
+    text: str  # a string with `…` in it
+
+
+@dataclass(frozen=True)
+class Obj:
+    items: dict[str, Any]
+    more: bool  # `…` among the members: other keys may follow
+
+
+class ShownJSON:
+    """JSON as the docs print it: `…` for elided elements, members, values or string parts."""
+
+    def __init__(self, text: str) -> None:
+        self.s, self.i = text, 0
+
+    def parse(self) -> Any:
+        value = self.value()
+        self.ws()
+        if self.i != len(self.s):
+            raise ValueError(f"shown JSON: unexpected {self.s[self.i : self.i + 20]!r}")
+        return value
+
+    def ws(self) -> None:
+        while self.i < len(self.s) and self.s[self.i] in " \t\r\n":
+            self.i += 1
+
+    def expect(self, char: str) -> None:
+        self.ws()
+        if self.s[self.i : self.i + 1] != char:
+            raise ValueError(f"shown JSON: expected {char!r} at {self.s[self.i : self.i + 20]!r}")
+        self.i += 1
+
+    def value(self) -> Any:
+        self.ws()
+        c = self.s[self.i : self.i + 1]
+        if c == "{":
+            return self.obj()
+        if c == "[":
+            return self.array()
+        if c == '"':
+            return self.string()
+        if c == ELISION:
+            self.i += 1
+            return ANY
+        for word, constant in (("true", True), ("false", False), ("null", None)):
+            if self.s.startswith(word, self.i):
+                self.i += len(word)
+                return constant
+        number = re.compile(NUMBER).match(self.s, self.i)
+        if number is None:
+            raise ValueError(f"shown JSON: no value at {self.s[self.i : self.i + 20]!r}")
+        self.i = number.end()
+        return Num(number.group())
+
+    def string(self) -> str | Pattern:
+        text, self.i = json.decoder.scanstring(self.s, self.i + 1)  # type: ignore[attr-defined]
+        return Pattern(text) if ELISION in text else text
+
+    def members(self, close: str, member: Any) -> list[Any]:
+        self.i += 1
+        self.ws()
+        if self.s[self.i : self.i + 1] == close:
+            self.i += 1
+            return []
+        found = [member()]
+        while True:
+            self.ws()
+            if self.s[self.i : self.i + 1] == close:
+                self.i += 1
+                return found
+            self.expect(",")
+            found.append(member())
+
+    def array(self) -> list[Any]:
+        return self.members("]", self.value)
+
+    def obj(self) -> Any:
+        def member() -> tuple[str, Any] | _Any:
+            self.ws()
+            if self.s[self.i : self.i + 1] == ELISION:
+                self.i += 1
+                return ANY
+            key = self.string()
+            assert isinstance(key, str), "shown JSON: `…` in a key"
+            self.expect(":")
+            return key, self.value()
+
+        found = self.members("}", member)
+        items = dict(m for m in found if m is not ANY)
+        more = any(m is ANY for m in found)
+        return ANY if more and not items else Obj(items, more)
+
+
+def number_matches(shown: str, actual: Decimal) -> bool:
+    """The actual number, rounded to the last digit printed, is the shown one."""
+    printed = Decimal(shown)
+    exponent = printed.as_tuple().exponent
+    assert isinstance(exponent, int)
+    return abs(actual - printed) <= Decimal(1).scaleb(exponent) / 2
+
+
+def json_mismatch(shown: Any, actual: Any, path: str = "$") -> str | None:
+    """Where and how the actual JSON (numbers as Decimal) differs from the shown one; None if it matches."""
+    if shown is ANY:
+        return None
+    if isinstance(shown, Num):
+        ok = isinstance(actual, Decimal) and number_matches(shown.text, actual)
+        return None if ok else f"{path}: shown {shown.text}, got {actual}"
+    if isinstance(shown, Pattern):
+        regex = ".*".join(re.escape(part) for part in shown.text.split(ELISION))
+        ok = isinstance(actual, str) and re.fullmatch(regex, actual, re.DOTALL) is not None
+        return None if ok else f"{path}: shown {shown.text!r}, got {actual!r}"
+    if isinstance(shown, Obj):
+        if not isinstance(actual, dict):
+            return f"{path}: shown an object, got {actual!r}"
+        missing = [k for k in shown.items if k not in actual]
+        extra = [] if shown.more else [k for k in actual if k not in shown.items]
+        if missing or extra:
+            return f"{path}: keys {missing} shown but missing, {extra} present but not shown (no `…`)"
+        for key, value in shown.items.items():
+            if (why := json_mismatch(value, actual[key], f"{path}.{key}")) is not None:
+                return why
+        return None
+    if isinstance(shown, list):
+        if not isinstance(actual, list):
+            return f"{path}: shown an array, got {actual!r}"
+        return sequence_mismatch(shown, actual, path)
+    ok = type(shown) is type(actual) and shown == actual
+    return None if ok else f"{path}: shown {shown!r}, got {actual!r}"
+
+
+def sequence_mismatch(shown: list[Any], actual: list[Any], path: str) -> str | None:
+    if ANY not in shown:
+        if len(shown) != len(actual):
+            return f"{path}: {len(shown)} elements shown, {len(actual)} answered"
+        for n, (s, a) in enumerate(zip(shown, actual, strict=True)):
+            if (why := json_mismatch(s, a, f"{path}[{n}]")) is not None:
+                return why
+        return None
+
+    def fits(s: list[Any], a: list[Any]) -> bool:
+        if not s:
+            return not a
+        if s[0] is ANY:
+            return any(fits(s[1:], a[k:]) for k in range(len(a) + 1))
+        return bool(a) and json_mismatch(s[0], a[0]) is None and fits(s[1:], a[1:])
+
+    return None if fits(shown, actual) else f"{path}: the elements answered do not fit those shown around `…`"
+
+
+def assert_json_matches(shown: str, actual: str) -> None:
+    expected = ShownJSON(shown).parse()
+    got = json.loads(actual, parse_float=Decimal, parse_int=Decimal)
+    why = json_mismatch(expected, got)
+    assert why is None, f"{why}\nanswered: {actual[:3000]}"
+
+
+def _lines(text: str) -> str:
+    return "\n".join(line.strip() for line in text.strip().splitlines())
+
+
+def assert_text_matches(shown: str, actual: str) -> None:
+    """Text with whitespace runs equal (lines stripped), numbers to the precision printed, `…` anything."""
+    shown, actual = _lines(shown), _lines(actual)
+    regex, numbers = [], []
+    for n, piece in enumerate(re.split(f"({NUMBER}|{ELISION}|\\s+)", shown)):
+        if n % 2 == 0:
+            regex.append(re.escape(piece))
+        elif piece == ELISION:
+            regex.append("(?s:.*?)")
+        elif piece.isspace():
+            regex.append(r"\s+")
+        else:
+            regex.append(f"({NUMBER})")
+            numbers.append(piece)
+    match = re.fullmatch("".join(regex), actual)
+    assert match is not None, f"the output differs from the one shown.\nshown:\n{shown}\n\nactual:\n{actual}"
+    wrong = [(s, a) for s, a in zip(numbers, match.groups(), strict=True) if not number_matches(s, Decimal(a))]
+    assert not wrong, f"numbers differ beyond their printed precision (shown, actual): {wrong}\nactual:\n{actual}"
+
+
+def assert_output_matches(shown: str, actual: str, command: str) -> None:
+    actual = actual.replace("\r\n", "\n")
+    if _includes_headers(command):  # curl -i: the status line and headers, a blank line, the body
+        shown_head, _, shown = shown.partition("\n\n")
+        actual_head, _, actual = actual.partition("\n\n")
+        assert_text_matches(shown_head, actual_head)
+    if shown.lstrip().startswith(("{", "[")):
+        assert_json_matches(shown, actual)
+    else:
+        assert_text_matches(shown, actual)
+
+
+def _includes_headers(command: str) -> bool:
+    words = shlex.split(command.replace("\\\n", " "), comments=True)
+    return words[0] == "curl" and any(w == "--include" or re.fullmatch(r"-[A-Za-z]*i[A-Za-z]*", w) for w in words)
+
+
+# ---- running the examples -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DocServer:
+    base: str  # http://127.0.0.1:PORT
+    log: Path  # its stdout and stderr: the JSON log lines
+    grpc: str = ""  # 127.0.0.1:GRPC_PORT (none: gRPC examples do not run)
+
+    def to_server(self, text: str) -> str:
+        return text.replace(DOC_ADDRESS, self.address).replace(DOC_GRPC_ADDRESS, self.grpc)
+
+    def to_docs(self, text: str) -> str:
+        text = text.replace(self.address, DOC_ADDRESS)
+        return text.replace(self.grpc, DOC_GRPC_ADDRESS) if self.grpc else text
+
+    @property
+    def address(self) -> str:
+        return self.base.removeprefix("http://")
+
+
+@pytest.fixture(scope="module")
+def doc_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DocServer]:
+    """`normserve serve` with the committed models and the default log level (info), on a free loopback port."""
+    log = tmp_path_factory.mktemp("docs-server") / "normserve.log"
+    normserve = VENV_BIN / "normserve"
+    command = [str(normserve if normserve.exists() else shutil.which("normserve"))]
+    grpc_port = free_port()
+    env = server_env({"NORMSERVE_LOG_LEVEL": "info", "NORMSERVE_GRPC_PORT": str(grpc_port)})
+    with cli_server([*command, "serve"], env, output=log) as server:
+        yield DocServer(server.base, log, f"127.0.0.1:{grpc_port}")
+
+
+def run_shell(command: str, server: DocServer) -> str:
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "COLUMNS": "120"}
+    proc = subprocess.run(
+        ["bash", "-c", server.to_server(command)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, (
+        f"exit status {proc.returncode}\nstdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-2000:]}"
+    )
+    return server.to_docs(proc.stdout)
+
+
+def run_session(example: Example) -> None:
+    """Each `>>> ` statement as the REPL runs it; the earlier sessions of the file first, unchecked."""
+    if any("torch" in code for code in (*example.setup, example.code)):
+        pytest.importorskip("torch", reason="the session uses torch: the `export` extra")
+    namespace: dict[str, Any] = {"__name__": "__docs__"}
+    parser = doctest.DocTestParser()
+    with np.printoptions(**np.get_printoptions()):  # a session's print options end with it
+        for code in (*example.setup, example.code):
+            for statement in parser.get_examples(code):
+                out = io.StringIO()
+                with redirect_stdout(out):
+                    exec(compile(statement.source, example.id, "single"), namespace)
+                if code is example.code:
+                    assert_text_matches(statement.want, out.getvalue())
+
+
+def run_script(example: Example, server: DocServer) -> str:
+    code = server.to_server(example.code)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"exit status {proc.returncode}\nstderr: {proc.stderr[-3000:]}"
+    return server.to_docs(proc.stdout)
+
+
+def check_quote(example: Example) -> None:
+    source = ROOT / QUOTED[(example.doc, example.code.splitlines()[0])]
+    have = iter(line.strip() for line in source.read_text().splitlines())
+    missing = [line for line in example.code.splitlines() if line.strip() and line.strip() not in have]
+    assert not missing, f"not in {source.relative_to(ROOT)} (in this order): {missing}"
+
+
+def check_log(example: Example, server: DocServer) -> None:
+    """Run the command, then find the server's log line with the request id shown, and compare the two."""
+    assert example.shown is not None
+    shown = ShownJSON(example.shown).parse()
+    assert isinstance(shown, Obj) and isinstance(shown.items.get("request_id"), str), "a log line names its request_id"
+    run_shell(example.code, server)
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
+        logged = [line for line in lines if line.get("request_id") == shown.items["request_id"]]
+        if logged or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert logged, f"no log line with request_id {shown.items['request_id']!r} in {server.log}"
+    assert_json_matches(example.shown, json.dumps(logged[-1]))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
+def test_example_runs_as_written(example: Example, request: pytest.FixtureRequest) -> None:
+    reason = SKIPPED.get((example.doc, example.code))
+    if reason is not None:
+        pytest.skip(reason)
+    if example.kind == "session":
+        run_session(example)
+        return
+    if example.kind == "quote":
+        check_quote(example)
+        return
+    program = shlex.split(example.code, comments=True)[0] if example.kind == "command" else None
+    if example.kind == "unknown" or (program is not None and program not in RUNNABLE):
+        pytest.fail(
+            f"no rule runs this example: make it runnable here, or add a SKIPPED row with the reason\n{example.code}"
+        )
+    server: DocServer = request.getfixturevalue("doc_server")
+    if example.kind == "log":
+        check_log(example, server)
+    elif example.kind == "script":
+        out = run_script(example, server)
+        if example.shown is not None:
+            assert_text_matches(example.shown, out)
+    else:
+        assert example.shown is not None, "a command shown without output needs a SKIPPED row, or `$ ` and its output"
+        assert_output_matches(example.shown, run_shell(example.code, server), example.code)
+
+
+# ---- the docs' tables, links and paths ----------------------------------------------------------------------------
+
+
+def test_every_skipped_or_quoted_row_names_an_example() -> None:
+    commands = {(e.doc, e.code) for e in EXAMPLES}
+    quotes = {(e.doc, e.code.splitlines()[0]) for e in EXAMPLES if e.kind == "quote"}
+    assert not set(SKIPPED) - commands, f"SKIPPED rows with no such example: {set(SKIPPED) - commands}"
+    assert not set(QUOTED) - quotes, f"QUOTED rows with no such block: {set(QUOTED) - quotes}"
+
+
+def test_the_docs_hold_examples_of_every_kind() -> None:
+    kinds = {e.kind for e in EXAMPLES}
+    assert {"command", "session", "script", "quote", "log"} <= kinds, kinds
+    assert sum(e.kind == "command" and e.shown is not None for e in EXAMPLES) >= 20
+
+
+def test_untagged_blocks_hold_no_examples() -> None:
+    """An example in a block without a language would escape this test: tag it sh or python."""
+    for path in DOC_FILES:
+        for block in fenced_blocks(path):
+            if not block.lang:
+                hidden = [line for line in block.lines if line.startswith(("$ ", ">>> "))]
+                assert not hidden, f"{block.doc}:{block.fence}: untagged block with examples: {hidden}"
+
+
+def _doc_texts() -> Iterator[tuple[Path, str]]:
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*"))]:
+        if path.is_file():
+            try:
+                yield path, path.read_text()
+            except UnicodeDecodeError:  # the figures
+                continue
+
+
+def test_no_doc_points_outside_the_repository() -> None:
+    """A clone has no ../shared: the contract is docs/api.md, the seeds' examples app/core/seeds.py."""
+    found = [f"{p.relative_to(ROOT)}: {s}" for p, text in _doc_texts() for s in SHARED_PATHS if s in text]
+    assert not found, found
+
+
+REPO_PATH = re.compile(r"(?<![\w/.-])(?:app|tests|docs|scripts|deploy|benchmarks|models)/[\w./-]*\w")
+
+
+@pytest.mark.parametrize("path", DOC_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_repository_path_in_the_docs_exists(path: Path) -> None:
+    text = path.read_text()
+    missing = sorted({m for m in REPO_PATH.findall(text) if not (ROOT / m).exists()})
+    assert not missing, f"{path.relative_to(ROOT)} names paths that do not exist: {missing}"
+
+
+MODULE_NAME = re.compile(r"`(app\.(?:core|server|cli|export|main|settings|errors)(?:\.\w+)*)(?::(\w+))?`")
+
+
+@pytest.mark.parametrize("path", DOC_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_dotted_name_in_the_docs_resolves(path: Path) -> None:
+    """`app.core.reference.layer_norm`, `app.main:app`: a module, then attributes of it."""
+    unresolved = []
+    for dotted, attribute in MODULE_NAME.findall(path.read_text()):
+        parts = [*dotted.split("."), *([attribute] if attribute else [])]
+        for n in range(len(parts), 0, -1):
+            try:
+                obj: Any = importlib.import_module(".".join(parts[:n]))
+            except ImportError:
+                continue
+            try:
+                for name in parts[n:]:
+                    obj = getattr(obj, name)
+            except AttributeError:
+                unresolved.append(":".join(filter(None, (dotted, attribute))))
+            break
+        else:
+            unresolved.append(dotted)
+    assert not unresolved, f"{path.relative_to(ROOT)}: {unresolved}"
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+\s+(.*?)\s*$", path.read_text(), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("path", DOC_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(path: Path) -> None:
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in _anchors(linked)):
+            broken.append(target)
+    assert not broken, f"{path.relative_to(ROOT)}: broken links {broken}"
+
+
+def test_every_example_file_is_used_by_an_example() -> None:
+    files = sorted((ROOT / "docs" / "examples").glob("*"))
+    assert files
+    commands = "\n".join(e.code for e in EXAMPLES if e.kind == "command")
+    unused = [str(f.relative_to(ROOT)) for f in files if f"@{f.relative_to(ROOT)}" not in commands]
+    assert not unused, f"example files no example sends: {unused}"
+
+
+def test_the_four_positions_are_the_documented_noise() -> None:
+    """docs/normalization.md: `np.random.default_rng(0).standard_normal((4, 128)).round(4)`, through either model."""
+    expected = np.random.default_rng(0).standard_normal((4, 128)).round(4)
+    for model in ("encoder", "encoder-preln"):
+        body = json.loads((ROOT / "docs" / "examples" / f"four_positions_{model.replace('-', '_')}.json").read_text())
+        assert body["model"] == model and body["validate"] is True
+        np.testing.assert_array_equal(np.asarray(body["data"]), expected)
+
+
+def test_the_readme_encodes_the_openapi_example(doc_server: DocServer) -> None:
+    """docs/examples/two_positions.json is an /encode example of the live /openapi.json, without its batch dim."""
+    body = json.loads((ROOT / "docs" / "examples" / "two_positions.json").read_text())
+    spec = httpx.get(f"{doc_server.base}/openapi.json", timeout=30).json()
+    examples = spec["paths"]["/encode"]["post"]["requestBody"]["content"]["application/json"]["examples"]
+    unbatched = [
+        {name: np.asarray(value)[0].tolist() for name, value in example["value"].items() if isinstance(value, list)}
+        for example in examples.values()
+        if np.asarray(example["value"]["data"]).ndim == 3
+    ]
+    assert {"data": body["data"], "padding_mask": body["padding_mask"]} in unbatched, examples
+
+
+def test_the_settings_in_api_md_are_real_with_their_defaults() -> None:
+    """docs/api.md's settings table: each NORMSERVE_* variable is a field of app.settings.Settings, default as given."""
+    rows = re.findall(r"^\| `NORMSERVE_(\w+)` \| `([^`]*)` \|", (ROOT / "docs" / "api.md").read_text(), re.MULTILINE)
+    assert len(rows) >= 12, rows
+    for name, shown in rows:
+        assert name.lower() in Settings.model_fields, f"NORMSERVE_{name} is not a setting"
+        default = Settings.model_fields[name.lower()].default
+        if isinstance(default, bool | str | Path):
+            assert shown == str(default), (name, shown, default)
+        else:
+            assert float(shown) == float(default), (name, shown, default)
+
+
+# ---- the comparison rules themselves --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shown", "actual", "matches"),
+    [
+        pytest.param('{"a":[1.2238,…],"b":"e9fd…"}', '{"a":[1.2238272,2,3],"b":"e9fd9bf2"}', True, id="elisions"),
+        pytest.param('{"a":[1.2238,…]}', '{"a":[1.2239272,2,3]}', False, id="beyond-the-last-digit"),
+        pytest.param('{"b":"e9fd…"}', '{"b":"e9fe9bf2"}', False, id="string-prefix"),
+        pytest.param('{"a":1,"stats":{…},…}', '{"a":1,"stats":{"mean":[0]},"model":null}', True, id="more-keys"),
+        pytest.param('{"a":1,"stats":{…}}', '{"a":1,"stats":{"mean":[0]},"model":null}', False, id="key-not-shown"),
+        pytest.param('{"a":[1,2]}', '{"a":[1,2,3]}', False, id="element-not-shown"),
+        pytest.param('{"a":[…,3]}', '{"a":[1,2,3]}', True, id="leading-elision"),
+        pytest.param('{"ok":true}', '{"ok":1}', False, id="bool-is-not-a-number"),
+        pytest.param('{"n":50}', '{"n":51}', False, id="integers-exact"),
+        pytest.param('{"x":7.650016256022241e-07}', '{"x":7.650016260463133e-7}', False, id="all-17-digits"),
+        pytest.param('{"x":7.65e-07}', '{"x":7.650016260463133e-7}', True, id="three-digits"),
+    ],
+)
+def test_json_comparison(shown: str, actual: str, matches: bool) -> None:
+    if matches:
+        assert_json_matches(shown, actual)
+    else:
+        with pytest.raises(AssertionError):
+            assert_json_matches(shown, actual)
+
+
+@pytest.mark.parametrize(
+    ("shown", "actual", "matches"),
+    [
+        pytest.param("│ ln │ 1.80e-07 │ pass │", "│ ln   │   1.8049e-07 │ pass │", True, id="whitespace-and-rounding"),
+        pytest.param("│ ln │ 1.80e-07 │ pass │", "│ ln │ 1.81e-07 │ pass │", False, id="last-digit"),
+        pytest.param("all 6 checks passed", "all 7 checks passed", False, id="integers-exact"),
+        pytest.param("date: …\nserver: uvicorn", "date: Mon, 23 Nov 2026 GMT\nserver: uvicorn", True, id="elision"),
+        pytest.param("a\nb", "a\nb\nc", False, id="a-line-not-shown"),
+    ],
+)
+def test_text_comparison(shown: str, actual: str, matches: bool) -> None:
+    if matches:
+        assert_text_matches(shown, actual)
+    else:
+        with pytest.raises(AssertionError):
+            assert_text_matches(shown, actual)
