@@ -162,3 +162,27 @@ def test_two_dim_input_gives_two_dim_output_and_seq_stats(client: httpx.Client, 
     assert all(np.shape(ln["mean"]) == (3,) and np.shape(ln["std"]) == (3,) for ln in body["layer_norms"])
     ref, _ = reference.encoder(x[None], m.weights, m.config, np.array([[False, False, True]]))  # type: ignore[arg-type]
     np.testing.assert_allclose(body["output"], ref[0], atol=1e-4)
+
+
+def _counts(client: httpx.Client, model: str) -> tuple[int, int, int]:
+    (s,) = client.get(f"/v2/models/{model}/stats").json()["model_stats"]
+    return s["inference_count"], s["inference_stats"]["success"]["count"], s["inference_stats"]["fail"]["count"]
+
+
+@pytest.mark.parametrize(
+    ("path", "model", "body"),
+    [
+        ("/normalize", "layernorm", {"data": [[0.2, 0.1, 0.3]]}),
+        ("/encode", "encoder", {"data": [[0.1] * 128, [0.2] * 128]}),
+    ],
+)
+def test_rest_inferences_count_in_the_models_triton_statistics(
+    client: httpx.Client, path: str, model: str, body: dict[str, object]
+) -> None:
+    # Triton's statistics count every inference of the model, whatever the protocol it came by.
+    before = _counts(client, model)
+    for _ in range(3):
+        assert client.post(path, json=body).status_code == 200
+    assert client.post(path, json={**body, "data": [[1.0, 2.0], [3.0]]}).status_code == 422
+    after = _counts(client, model)
+    assert [a - b for a, b in zip(after, before, strict=True)] == [3, 3, 1]
