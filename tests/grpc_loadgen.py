@@ -23,6 +23,7 @@ from app.core.runtime import Runtime
 
 Check = Callable[[grpc.StatusCode, str, Any], "str | None"]
 INFER = "/inference.GRPCInferenceService/ModelInfer"
+APP_RETRIES = 3  # resends of a call that came back UNAVAILABLE, with retry=True
 # grpc's own retry policy, as README recommends to clients behind a load balancer: nginx streams a gRPC request to
 # its replica unbuffered, so it cannot resend one that was in flight on a replica that died; the client does.
 RETRY = json.dumps(
@@ -207,7 +208,16 @@ async def run_load(
         for i in counter:
             if time.monotonic() >= deadline:
                 return
-            tally.outcomes.append(await send(channel, cases[i % len(cases)]))
+            case = cases[i % len(cases)]
+            outcome = await send(channel, case)
+            # grpc's own retries stop once the call is committed: a 502 that nginx answers with headers for a
+            # replica that died mid-call commits it. So the client resends it itself, as an application would.
+            for attempt in range(APP_RETRIES if retry else 0):
+                if outcome.code != grpc.StatusCode.UNAVAILABLE:
+                    break
+                await asyncio.sleep(0.05 * 2**attempt)
+                outcome = await send(channel, case)
+            tally.outcomes.append(outcome)
 
     try:
         await asyncio.gather(*(client(opened[i % channels]) for i in range(concurrency)))
