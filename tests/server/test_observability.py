@@ -25,6 +25,7 @@ from app.server import observability
 from app.server.app import create_app
 from app.settings import Settings
 from tests.live_server import MODELS
+from tests.server.log_records import captured
 from tests.server.logged_server import LoggedServer
 from tests.server.prometheus import delta, scrape, scrape_until_moved
 
@@ -171,27 +172,11 @@ def test_routes_are_labelled_by_template_never_by_raw_path(
 # ---- in process: the real app with routes that fail, or name their model from a worker thread -------------
 
 
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
 def access_lines() -> Iterator[list[logging.LogRecord]]:
     """The request lines this process logs while the test runs (normserve.access at level info)."""
-    logger, handler = logging.getLogger("normserve.access"), Records()
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield handler.records
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+    with captured("normserve.access") as records:
+        yield records
 
 
 async def _boom() -> None:

@@ -35,6 +35,7 @@ from app.server.statistics import STAGES, InferTimer
 from app.server.worker import Worker, staged
 from app.settings import Settings
 from tests.live_server import MODELS, live_server
+from tests.server.log_records import captured
 from tests.server.model_dirs import BROKEN, broken_copy, not_ready_reason
 
 MODEL_NAMES = ["encoder", "encoder-preln", "layernorm"]
@@ -85,27 +86,11 @@ def in_flight_gauge() -> float:
     return value
 
 
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
 def lifecycle_log() -> Iterator[list[logging.LogRecord]]:
     """The records of the `normserve` logger (the worker's start-up lines) while the test runs."""
-    logger, handler = logging.getLogger("normserve"), Records()
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        yield handler.records
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+    with captured("normserve") as records:
+        yield records
 
 
 def own_lines(records: list[logging.LogRecord], level: int) -> list[logging.LogRecord]:

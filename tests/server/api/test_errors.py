@@ -34,6 +34,7 @@ from app.server.api.errors import MESSAGE_LIMIT, printable
 from app.server.app import create_app
 from app.settings import Settings
 from tests.live_server import MODELS
+from tests.server.log_records import captured
 
 # (error class, message, field, REST status, V2 status)
 ERRORS: list[tuple[type[NormserveError], str, str | None, int, int]] = [
@@ -253,23 +254,11 @@ def test_a_domain_error_echoing_client_text_answers_it_escaped_and_bounded(app: 
 # ---- the unexpected 500 ----------------------------------------------------------------------------------
 
 
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
 def error_log() -> Iterator[list[logging.LogRecord]]:
-    logger, handler = logging.getLogger("normserve.errors"), Records()
-    logger.addHandler(handler)
-    try:
-        yield handler.records
-    finally:
-        logger.removeHandler(handler)
+    """The records of normserve.errors (the unexpected errors' tracebacks) while the test runs."""
+    with captured("normserve.errors") as records:
+        yield records
 
 
 @pytest.mark.parametrize("sent_id", ["trace-500", None], ids=["client-id", "no-id"])
