@@ -8,6 +8,9 @@
     ├── BodyTimeout                      body not in full in body_timeout_s 408, and the connection closed
     ├── ModelNotFound (LookupError)      unknown model or version           404
     ├── ModelControlDisabled             repository load/unload: no explicit model control   403
+    ├── Unauthorized                     admin route without the bearer token   401
+    ├── Forbidden                        admin route with a wrong token     403
+    ├── ModelLoadFailed                  a load through the repository API failed   400
     ├── Overloaded                       over max_in_flight                 503 + Retry-After
     ├── NotReady                         models not verified, or draining   503 + Retry-After
     └── Timeout (TimeoutError)           past request_timeout_s             504
@@ -58,6 +61,18 @@ class ModelControlDisabled(NormserveError):
     """A request to load or unload a model: the models are fixed at start-up (no explicit model control)."""
 
 
+class Unauthorized(NormserveError):
+    """An admin route (repository, trace, logging) without `Authorization: Bearer <token>` when a token is set."""
+
+
+class Forbidden(NormserveError):
+    """An admin route with a token that is not NORMSERVE_ADMIN_TOKEN."""
+
+
+class ModelLoadFailed(NormserveError):
+    """A model version that failed to load (sha256, session, parity): what serves stays as it was."""
+
+
 class Overloaded(NormserveError):
     """More requests in flight than the worker allows."""
 
@@ -79,6 +94,9 @@ _STATUS: dict[type[NormserveError], tuple[int, int]] = {
     BodyTimeout: (408, 408),
     ModelNotFound: (404, 404),
     ModelControlDisabled: (403, 403),
+    Unauthorized: (401, 401),
+    Forbidden: (403, 403),
+    ModelLoadFailed: (400, 400),
     Overloaded: (503, 503),
     NotReady: (503, 503),
     Timeout: (504, 504),

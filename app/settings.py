@@ -18,7 +18,21 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="NORMSERVE_", frozen=True)
 
-    model_dir: Path = Field(Path("models"), description="Folder with the ONNX files and manifest.json.")
+    model_dir: Path = Field(Path("models"), description="The model repository: <name>/<version>/ folders.")
+    # As Triton's --model-control-mode: none loads every model at start, explicit through the repository API
+    # (/v2/repository), poll rescans the folder every poll_interval_s.
+    model_control: Annotated[Literal["none", "explicit", "poll"], BeforeValidator(_lower)] = Field(
+        "none", description="Model control: none, explicit or poll."
+    )
+    startup_models: str = Field(
+        "*", description="explicit mode: comma-separated models loaded at start (* = all, empty = none)."
+    )
+    poll_interval_s: float = Field(5.0, gt=0, description="poll mode: how often the repository is rescanned.")
+    admin_token: str = Field(
+        "",
+        repr=False,  # never in a log line or a traceback
+        description="Bearer token for the repository, trace and logging routes (empty = no token needed).",
+    )
     host: str = Field("127.0.0.1", description="Address `normserve serve` binds to.")
     port: int = Field(8000, ge=0, le=65535, description="Port `normserve serve` listens on.")
     workers: int = Field(1, ge=1, description="uvicorn worker processes for `normserve serve`.")

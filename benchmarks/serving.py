@@ -169,7 +169,7 @@ def memory_section(payload_bytes: int, log: Callable[[str], None]) -> list[dict[
 def _encoder_runs(port: int) -> float:
     """onnxruntime runs of the encoder so far, from GET /metrics (normserve_inference_batch_size_count)."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
-    prefix = 'normserve_inference_batch_size_count{model="encoder"}'
+    prefix = 'normserve_inference_batch_size_count{model="encoder",version="1"}'
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 

@@ -57,27 +57,39 @@ IN_FLIGHT = Gauge(
 )
 INFERENCE_SECONDS = Histogram(
     "normserve_inference_duration_seconds",
-    "onnxruntime run time of one inference, per model (the parity warm-up included).",
-    ["model"],
+    "onnxruntime run time of one inference, per model and version (the parity warm-up included).",
+    ["model", "version"],
     buckets=LATENCY_BUCKETS,
 )
 BATCH_SIZE = Histogram(
     "normserve_inference_batch_size",
-    "Rows (batch entries) per onnxruntime run, per model.",
-    ["model"],
+    "Rows (batch entries) per onnxruntime run, per model and version.",
+    ["model", "version"],
     buckets=BATCH_BUCKETS,
 )
 LOAD_SECONDS = Gauge(
     "normserve_model_load_seconds",
-    "Time to verify a model's sha256 and build its session (the slowest live worker).",
-    ["model"],
+    "Time to verify a model version's sha256 and build its session (the slowest live worker).",
+    ["model", "version"],
     multiprocess_mode="livemax",
 )
 PARITY = Gauge(
     "normserve_model_parity_max_abs_diff",
-    "Max abs difference from the NumPy reference in the start-up warm-up (the worst live worker).",
-    ["model"],
+    "Max abs difference from the NumPy reference in the load's warm-up (the worst live worker).",
+    ["model", "version"],
     multiprocess_mode="livemax",
+)
+# Model names and versions come from the repository's folders, never from a request: bounded by the operator.
+LOAD_FAILURES = Counter(
+    "normserve_model_load_failures",
+    "Model version loads that failed (sha256, session or parity warm-up); what served keeps serving.",
+    ["model", "version"],
+)
+MODEL_READY = Gauge(
+    "normserve_model_ready",
+    "1 while a model version takes traffic in this worker, 0 once unloaded (the least ready live worker).",
+    ["model", "version"],
+    multiprocess_mode="livemin",
 )
 
 # gRPC: `method` is one of the service's RPCs (grpc core answers unknown ones itself), `model` a loaded model's
@@ -120,22 +132,27 @@ def observe_grpc(service: str, method: str, model: str, code: str, seconds: floa
     children[1].observe(seconds)
 
 
-def observe_inference(model: str, seconds: float, batch_size: int) -> None:
-    """One onnxruntime run of model (Model.run calls it for every run, merged batches included)."""
-    INFERENCE_SECONDS.labels(model).observe(seconds)
-    observe_batch(model, batch_size)
+def observe_inference(model: str, version: str, seconds: float, batch_size: int) -> None:
+    """One onnxruntime run of a model version (Model.run calls it for every run, merged batches included).
+
+    The batch size is its rows, so a dynamically merged batch counts once with its merged size."""
+    INFERENCE_SECONDS.labels(model, version).observe(seconds)
+    BATCH_SIZE.labels(model, version).observe(batch_size)
 
 
-def observe_batch(model: str, size: int) -> None:
-    """The batch size of one run: its rows, so a dynamically merged batch counts once with its merged size."""
-    BATCH_SIZE.labels(model).observe(size)
+def record_model(model: str, version: str, load_seconds: float, parity_max_abs_diff: float) -> None:
+    """A version that loaded and passed its warm-up: its load time and parity figure; it takes traffic."""
+    LOAD_SECONDS.labels(model, version).set(load_seconds)
+    PARITY.labels(model, version).set(parity_max_abs_diff)
+    MODEL_READY.labels(model, version).set(1)
 
 
-def record_model(model: str, load_seconds: float, parity_max_abs_diff: float | None = None) -> None:
-    """What start-up learned of a model: its load time and, once warmed up, its parity figure."""
-    LOAD_SECONDS.labels(model).set(load_seconds)
-    if parity_max_abs_diff is not None:
-        PARITY.labels(model).set(parity_max_abs_diff)
+def record_load_failure(model: str, version: str) -> None:
+    LOAD_FAILURES.labels(model, version).inc()
+
+
+def record_unload(model: str, version: str) -> None:
+    MODEL_READY.labels(model, version).set(0)
 
 
 def multiprocess_dir() -> Path | None:

@@ -55,7 +55,7 @@ class Worker:
         self.admission.not_ready_reason = "parity warm-up running"
         figures = self.runtime.warm_up()
         for name, model in self.runtime.models.items():
-            metrics.record_model(name, model.load_seconds, figures[name][0])
+            metrics.record_model(name, model.version, model.load_seconds, figures[name][0])
         return figures
 
     def start(self) -> None:
@@ -87,7 +87,7 @@ class Worker:
         return model
 
     def _observe_run(self, model: str, version: str, seconds: float, rows: int) -> None:
-        metrics.observe_inference(model, seconds, rows)
+        metrics.observe_inference(model, version, seconds, rows)
         if self.admission.ready:  # the warm-up's runs are no client's executions
             self.statistics.record_execution(model, version, rows, int(seconds * 1e9))
 

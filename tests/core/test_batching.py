@@ -113,7 +113,7 @@ def test_concurrent_batched_encode_equals_unbatched_and_reference(
 
 def _encoder_runs(base: str) -> float:
     """onnxruntime runs of `encoder` so far, from the batch-size histogram of GET /metrics."""
-    prefix = 'normserve_inference_batch_size_count{model="encoder"}'
+    prefix = 'normserve_inference_batch_size_count{model="encoder",version="1"}'
     text = httpx.get(base + "/metrics", timeout=30).text
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 

@@ -40,19 +40,19 @@ def test_known_requests_show_as_exact_counts_per_route_and_status(client: httpx.
         assert delta(before, after, "normserve_http_request_duration_seconds_bucket", le="+Inf", **labels) == n
         assert delta(before, after, "normserve_http_request_duration_seconds_sum", **labels) > 0
     # The invalid requests never reach onnxruntime: 3 + 1 runs of 2 + 3 + 4 + 2 rows.
-    assert delta(before, after, "normserve_inference_duration_seconds_count", model="layernorm") == 4
-    assert delta(before, after, "normserve_inference_batch_size_count", model="layernorm") == 4
-    assert delta(before, after, "normserve_inference_batch_size_sum", model="layernorm") == 11
-    assert delta(before, after, "normserve_inference_batch_size_bucket", model="layernorm", le="4.0") == 4
+    assert delta(before, after, "normserve_inference_duration_seconds_count", model="layernorm", version="1") == 4
+    assert delta(before, after, "normserve_inference_batch_size_count", model="layernorm", version="1") == 4
+    assert delta(before, after, "normserve_inference_batch_size_sum", model="layernorm", version="1") == 11
+    assert delta(before, after, "normserve_inference_batch_size_bucket", model="layernorm", version="1", le="4.0") == 4
     assert value(after, "normserve_inference_requests_in_flight") == 0
 
 
 @pytest.mark.parametrize("model", MODEL_NAMES)
 def test_model_load_time_and_warm_up_parity_are_gauges(client: httpx.Client, model: str) -> None:
     samples = scrape(client)
-    assert value(samples, "normserve_model_load_seconds", model=model) > 0
-    assert 0 <= value(samples, "normserve_model_parity_max_abs_diff", model=model) < 1e-4
-    assert ("normserve_model_parity_max_abs_diff", (("model", model),)) in samples
+    assert value(samples, "normserve_model_load_seconds", model=model, version="1") > 0
+    assert 0 <= value(samples, "normserve_model_parity_max_abs_diff", model=model, version="1") < 1e-4
+    assert ("normserve_model_parity_max_abs_diff", (("model", model), ("version", "1"))) in samples
 
 
 # ---- several workers: prometheus-client's multiprocess mode -----------------------------------
@@ -93,7 +93,7 @@ def test_metrics_total_every_worker_whichever_answers(two_workers: tuple[str, Pa
         )
         assert answered == sent
         assert value(samples, "normserve_inference_requests_in_flight") == 0
-        assert all(value(samples, "normserve_model_load_seconds", model=m) > 0 for m in MODEL_NAMES)
+        assert all(value(samples, "normserve_model_load_seconds", model=m, version="1") > 0 for m in MODEL_NAMES)
 
 
 def test_serve_removes_its_metrics_directory_when_it_stops(

@@ -25,6 +25,8 @@ def is_v2(request: Request) -> bool:
 def error_response(request: Request, exc: NormserveError) -> Response:
     status = status_for(exc, is_v2(request))
     headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    if status == 401:
+        headers = {"WWW-Authenticate": 'Bearer realm="normserve"'}  # RFC 6750: the scheme the route expects
     return json_response({"error": printable(exc.message)}, status_code=status, headers=headers)
 
 
