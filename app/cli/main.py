@@ -56,14 +56,21 @@ def _validate(argv: list[str]) -> int:
     return validate.command(argv)
 
 
-COMMANDS = {"export": export, "serve": _serve, "validate": _validate, "bench": _bench}
+def _models(argv: list[str]) -> int:
+    from app.cli import models
+
+    return models.command(argv)
 
 
-USAGE = """usage: normserve {export,serve,validate,bench} [--help]
+COMMANDS = {"export": export, "serve": _serve, "validate": _validate, "models": _models, "bench": _bench}
+
+
+USAGE = """usage: normserve {export,serve,validate,models,bench} [--help]
 
   export    export the models to ONNX with manifest.json and parity figures
   serve     serve /normalize, /encode and the V2 protocol (exports first if needed)
   validate  run every model against the NumPy reference and print a parity table
+  models    list, load and unload a running server's models; migrate the old models/ layout
   bench     measure in process and over HTTP beside two peers; write docs/benchmarks.md (--quick: < 3 min)
 
 `normserve <command> --help` describes each command's options."""

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
+from app.cli import http
 from app.core import reference
 from app.core.layernorm import FLOAT32_ULP, NORMALIZE_ATOL
 from app.core.model import Model, ModelLoadError
@@ -166,25 +164,11 @@ def _encode_step(base: str, name: str, rng: np.random.Generator, atol: float | N
 
 def _call(method: str, url: str, doc: Any = None) -> dict[str, Any]:
     """One JSON request; ValidateError with the server's own error message on any failure."""
-    data = None if doc is None else orjson.dumps(doc)
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
-            body: dict[str, Any] = orjson.loads(resp.read())
-            return body
-    except urllib.error.HTTPError as e:
-        raise ValidateError(f"{method} {url}: HTTP {e.code}: {_error_of(e.read())}") from None
-    except urllib.error.URLError as e:
-        raise ValidateError(f"cannot reach {url}: {e.reason}") from None
-    except (OSError, orjson.JSONDecodeError) as e:
-        raise ValidateError(f"{method} {url}: {e}") from None
-
-
-def _error_of(body: bytes) -> str:
-    try:
-        return str(orjson.loads(body)["error"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return body[:200].decode("utf-8", "replace") or "no body"
+        answer: dict[str, Any] = http.call(method, url, doc, timeout=TIMEOUT_S)
+    except http.RequestFailed as e:
+        raise ValidateError(str(e)) from None
+    return answer
 
 
 def _parser() -> argparse.ArgumentParser:

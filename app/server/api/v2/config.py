@@ -44,7 +44,9 @@ def model_config(model: Model) -> Any:
 
 def to_json(config: Any) -> dict[str, Any]:
     """The config as Triton's HTTP endpoint answers it."""
-    doc: dict[str, Any] = _numbers(json_format.MessageToDict(config, preserving_proto_field_name=True))
+    doc: dict[str, Any] = _numbers(
+        json_format.MessageToDict(config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    )
     return doc
 
 

@@ -27,7 +27,6 @@ from app import __version__
 from app.core import reference
 from app.core.runtime import Runtime
 from app.errors import Timeout
-from app.server.api.grpc.service import MODEL_CONTROL
 from app.server.worker import Worker
 from app.settings import Settings
 from tests.live_server import MODELS as MODEL_DIR
@@ -144,7 +143,10 @@ def test_repository_load_and_unload_are_denied_without_explicit_model_control(
     with pytest.raises(InferenceServerException) as e:
         call("layernorm")
     assert e.value.status() == "StatusCode.PERMISSION_DENIED"
-    assert e.value.message() == MODEL_CONTROL.format(action, "layernorm")
+    assert e.value.message() == (
+        f"cannot {action} model 'layernorm': NORMSERVE_MODEL_CONTROL is 'none'; the repository API loads and "
+        "unloads models only with NORMSERVE_MODEL_CONTROL=explicit"
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,169 @@
+"""app/server/control.py: loads by version policy, failures that change nothing, unloads that let requests finish, poll."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.core import reference
+from app.core.dataplane import EncodeInput, NormalizeInput
+from app.core.model import ModelLoadError
+from app.core.runtime import Runtime
+from app.errors import ModelControlDisabled, ModelLoadFailed, ModelNotFound
+from app.server.control import ModelControl
+from app.settings import Settings
+from tests.repositories import add_version, copy_models, sha256
+
+
+def _control(root: Path, **settings: Any) -> ModelControl:
+    return ModelControl(Runtime(Settings(model_dir=root, **settings)))
+
+
+def _states(control: ModelControl, name: str) -> list[tuple[str, str, str]]:
+    return [(r["version"], r["state"], r["reason"]) for r in control.index() if r["name"] == name]
+
+
+def _serving(control: ModelControl, name: str) -> list[int]:
+    return sorted(control.runtime.serving.get(name, {}))
+
+
+def _tamper(folder: Path) -> Path:
+    path = folder / "model.onnx"
+    with path.open("ab") as f:
+        f.write(b"\0")
+    return path
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return copy_models(tmp_path / "models", ("layernorm", "encoder"))
+
+
+def test_load_serves_the_policys_versions_then_retires_the_others(root: Path) -> None:
+    control = _control(root)
+    control.load("layernorm")
+    assert _serving(control, "layernorm") == [1] and _states(control, "layernorm") == [("1", "READY", "")]
+    add_version(root, "layernorm", 2)
+    (root / "layernorm/model.json").write_text(json.dumps({"version_policy": {"latest": {"num_versions": 2}}}))
+    assert [m.version for m in control.load("layernorm")] == ["2"]
+    assert _serving(control, "layernorm") == [1, 2] and control.runtime.get("layernorm").version == "2"
+    (root / "layernorm/model.json").write_text(json.dumps({"version_policy": {"specific": {"versions": [2]}}}))
+    assert control.load("layernorm") == []  # nothing new to build: version 1 is only retired
+    assert _states(control, "layernorm") == [
+        ("1", "UNAVAILABLE", "not selected by the version_policy any more"),
+        ("2", "READY", ""),
+    ]
+
+
+def test_a_failed_load_changes_nothing_that_serves_and_says_why(root: Path) -> None:
+    control = _control(root)
+    control.load("layernorm")
+    path = _tamper(add_version(root, "layernorm", 2))
+    expected = json.loads((root / "layernorm/2/manifest.json").read_text())["files"]["model.onnx"]
+    reason = f"{path}: sha256 {sha256(path)} does not match the manifest's {expected}"
+    with pytest.raises(ModelLoadFailed) as e:
+        control.load("layernorm")
+    assert str(e.value) == f"failed to load model 'layernorm': {reason}"
+    assert _serving(control, "layernorm") == [1]
+    assert _states(control, "layernorm") == [("1", "READY", ""), ("2", "UNAVAILABLE", reason)]
+
+
+def test_a_version_failing_its_warm_up_never_serves(root: Path) -> None:
+    control = _control(root, validate_atol=1e-12, batch_max_size=1)
+    with pytest.raises(ModelLoadFailed) as e:
+        control.load("encoder")
+    assert "parity warm-up failed, max abs diff" in str(e.value) and str(e.value).endswith(" > 1e-12")
+    assert _serving(control, "encoder") == [] and _states(control, "encoder")[0][:2] == ("1", "UNAVAILABLE")
+
+
+def test_unload_lets_a_request_holding_the_version_finish_on_it(root: Path) -> None:
+    control = _control(root)
+    control.load("layernorm")
+    control.load("encoder")
+    held_ln, held_enc = control.runtime.get("layernorm"), control.runtime.get("encoder")
+    assert control.unload("layernorm") == [1] and control.unload("encoder") == [1]
+    with pytest.raises(ModelNotFound):
+        control.runtime.get("layernorm")
+    x = np.array([[1.0, 2.0, 4.0]], np.float32)
+    out = held_ln.infer(NormalizeInput(x))  # the session lives while a request holds it
+    np.testing.assert_allclose(out.output, reference.layer_norm(x, 1, 1e-5, "var").output, atol=1e-6)
+    enc = held_enc.infer(EncodeInput(np.zeros((1, 3, 128), np.float32), None, held_enc.limits))  # type: ignore[attr-defined]
+    assert enc.output.shape == (1, 3, 128)  # its batcher is closed: the run goes alone
+    assert _states(control, "layernorm") == [("1", "UNAVAILABLE", "unloaded")]
+
+
+def test_unload_of_a_name_the_repository_does_not_have_is_not_found(root: Path) -> None:
+    with pytest.raises(ModelNotFound) as e:
+        _control(root).unload("nope")
+    assert str(e.value) == "model: no model 'nope' in the repository"
+
+
+@pytest.mark.parametrize("mode", ["none", "poll"])
+def test_the_repository_api_loads_only_in_explicit_mode(root: Path, mode: str) -> None:
+    with pytest.raises(ModelControlDisabled) as e:
+        _control(root, model_control=mode).check_explicit("load", "layernorm")
+    assert str(e.value) == (
+        f"cannot load model 'layernorm': NORMSERVE_MODEL_CONTROL is '{mode}'; the repository API loads and unloads "
+        "models only with NORMSERVE_MODEL_CONTROL=explicit"
+    )
+    _control(root, model_control="explicit").check_explicit("load", "layernorm")
+
+
+@pytest.mark.parametrize(
+    ("mode", "startup", "names"),
+    [
+        ("none", "", ["encoder", "layernorm"]),
+        ("explicit", "*", ["encoder", "layernorm"]),
+        ("explicit", "layernorm", ["layernorm"]),
+        ("explicit", " ", []),
+        ("poll", "layernorm", ["encoder", "layernorm"]),
+    ],
+)
+def test_the_models_loaded_at_start_follow_the_mode(root: Path, mode: str, startup: str, names: list[str]) -> None:
+    assert _control(root, model_control=mode, startup_models=startup).startup_names() == names
+
+
+def test_startup_models_must_be_in_the_repository(root: Path) -> None:
+    with pytest.raises(ModelLoadError) as e:
+        _control(root, model_control="explicit", startup_models="layernorm,nope,gone").startup_names()
+    assert str(e.value) == "NORMSERVE_STARTUP_MODELS names nope, gone: not in the repository"
+
+
+def test_poll_follows_the_folder(root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    control = _control(root, model_control="poll")
+    for name in control.startup_names():
+        control.load(name)
+    add_version(root, "layernorm", 2)
+    control.poll()
+    assert _serving(control, "layernorm") == [2]
+    bad = _tamper(add_version(root, "encoder", 2))
+    control.poll()
+    assert _serving(control, "encoder") == [1] and _states(control, "encoder")[1][1] == "UNAVAILABLE"
+    assert f"model encoder version 2 failed to load: {bad}: sha256" in caplog.text
+    caplog.clear()
+    control.poll()  # unchanged since it failed: not tried again
+    assert "failed to load" not in caplog.text
+    shutil.copyfile(root / "encoder/1/model.onnx", bad)  # fixed in place: tried again, and it serves
+    control.poll()
+    assert _serving(control, "encoder") == [2]
+    shutil.rmtree(root / "layernorm")
+    control.poll()
+    assert "layernorm" not in control.runtime.serving
+
+
+def test_poll_reloads_a_serving_version_changed_in_place(root: Path) -> None:
+    control = _control(root, model_control="poll")
+    control.load("layernorm")
+    before = control.runtime.get("layernorm")
+    manifest = root / "layernorm/1/manifest.json"
+    manifest.write_text(manifest.read_text() + "\n")
+    os.utime(manifest, ns=(1, 1))  # a new stamp even where the clock is coarse
+    control.poll()
+    after = control.runtime.get("layernorm")
+    assert after is not before and after.version == "1"
