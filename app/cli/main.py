@@ -61,7 +61,7 @@ COMMANDS = {"export": export, "serve": _serve, "validate": _validate, "bench": _
 
 USAGE = """usage: normserve {export,serve,validate,bench} [--help]
 
-  export    export the models to ONNX with manifest.json and parity figures
+  export    export the default models, or a trained encoder or layernorm of yours, into the model repository
   serve     serve /normalize, /encode and the V2 protocol (exports first if needed)
   validate  run every model against the NumPy reference and print a parity table
   bench     measure in process and over HTTP beside two peers; write docs/benchmarks.md (--quick: < 3 min)
