@@ -202,7 +202,7 @@ def _codec_cases(
     header, blob = binary_request(x)
     return {
         "ours, JSON (orjson into NumPy)": (
-            lambda: decode_normalize(body, settings),
+            lambda: decode_normalize(body, settings, lambda _name, _version: model),
             lambda: dumps({"output": encode_json_tensor(x)}),
         ),
         "ours, V2 binary": (

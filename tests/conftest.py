@@ -11,6 +11,8 @@ import pytest
 
 from tests.live_server import MODELS, live_server
 
+DEFAULT_MODELS = ("encoder", "encoder-preln", "layernorm")
+
 # ---- serving: live uvicorn server and in-process runtime -------------------------------------
 
 
@@ -34,8 +36,7 @@ def runtime():  # type: ignore[no-untyped-def]
     from app.settings import Settings
 
     rt = Runtime(Settings(model_dir=MODELS))
-    rt.load()
-    rt.warm_up()
+    rt.load()  # built, warmed up and serving
     return rt
 
 
@@ -44,9 +45,12 @@ def runtime():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def shipped_manifest() -> dict[str, Any]:
-    """models/manifest.json as exported into the repo; a missing export fails rather than skips."""
-    path = MODELS / "manifest.json"
-    if not path.is_file():
-        pytest.fail(f"{path} missing: run `python scripts/export_onnx.py` first")
-    manifest: dict[str, Any] = json.loads(path.read_text())
-    return manifest
+    """The manifests of the repo's default models by name (models/<name>/1/manifest.json), as exported into
+    the repo; a missing export fails rather than skips."""
+    manifests: dict[str, Any] = {}
+    for name in DEFAULT_MODELS:
+        path = MODELS / name / "1" / "manifest.json"
+        if not path.is_file():
+            pytest.fail(f"{path} missing: run `normserve export` first")
+        manifests[name] = json.loads(path.read_text())
+    return manifests

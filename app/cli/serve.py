@@ -9,6 +9,7 @@ import socket
 import sys
 from pathlib import Path
 
+from app.core.repository import MANIFEST
 from app.settings import Settings
 
 
@@ -65,7 +66,9 @@ def command(argv: list[str]) -> int:
     if reason:
         print(f"normserve serve: error: {reason}", file=sys.stderr)
         return 2
-    if not (args.model_dir / "manifest.json").is_file():
+    # An empty or missing repository gets the default models; the old layout is the server's to refuse.
+    legacy = (args.model_dir / MANIFEST).is_file()
+    if not legacy and not any(args.model_dir.glob(f"*/*/{MANIFEST}")):
         from app.cli.main import export
 
         print(f"normserve serve: no models in {args.model_dir}, exporting them first", file=sys.stderr)

@@ -23,8 +23,9 @@ import orjson
 
 from app.core import reference
 from app.core.layernorm import FLOAT32_ULP, NORMALIZE_ATOL
-from app.core.model import ModelLoadError
-from app.core.runtime import MANIFEST
+from app.core.model import Model, ModelLoadError
+from app.core.repository import LegacyLayout
+from app.server.control import LOAD_ERRORS
 from app.server.worker import Worker
 from app.settings import Settings
 
@@ -60,23 +61,27 @@ Step = tuple[str, Callable[[], list[Check]]]
 
 
 def in_process_plan(model_dir: Path, atol: float | None = None) -> list[Step]:
-    """The steps of Worker.start, one by one: load model_dir (sha256, sessions), then the parity warm-up."""
-    if not (model_dir / MANIFEST).is_file():  # checked before any step: a plain one-line error
-        raise ValidateError(f"{model_dir}: no manifest.json; run `normserve export` or pass --model-dir")
+    """The steps of Worker.start, one by one: load every version the repository's policies select (sha256,
+    sessions), then the parity warm-up of each."""
     worker = Worker(Settings(model_dir=model_dir))
+    try:  # before any step: a missing repository or the old layout is a plain one-line error
+        worker.runtime.repository.check_layout()
+    except (LegacyLayout, OSError) as e:
+        raise ValidateError(f"{e} or pass --model-dir") from None
+    built: list[Model] = []
 
     def load() -> list[Check]:
         try:
-            worker.load()
-        except (ModelLoadError, OSError, ValueError, KeyError) as e:
+            built.extend(worker.load())
+        except LOAD_ERRORS as e:
             raise ValidateError(str(e)) from None
         return []
 
     def warm_up() -> list[Check]:
-        figures = worker.warm_up()  # ModelLoadError past its own tolerance: the CLI reports it
+        figures = worker.warm_up(built)  # ModelLoadError past its own tolerance: the CLI reports it
         return [
-            Check(name, "warm-up vs NumPy", diff, own if atol is None else atol)
-            for name, (diff, own) in figures.items()
+            Check(f"{name}/{version}", "warm-up vs NumPy", diff, own if atol is None else atol)
+            for (name, version), (diff, own) in figures.items()
         ]
 
     return [(f"verifying sha256 and loading {model_dir}", load), ("parity warm-up against NumPy", warm_up)]

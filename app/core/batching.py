@@ -61,11 +61,18 @@ class Batcher:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._name = name
+        self._closed = False
+
+    def close(self) -> None:
+        """Merge no more (the model version is retired): queued requests still run, later ones run alone."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
     def run(self, x: np.ndarray, mask: np.ndarray, names: list[str]) -> list[np.ndarray]:
         """Queue one request and block until its rows of a batch come back."""
         too_long = self.max_seq_len is not None and x.shape[1] > self.max_seq_len
-        if too_long or (self._in_flight is not None and self._in_flight() <= 1):
+        if too_long or self._closed or (self._in_flight is not None and self._in_flight() <= 1):
             # Long sequences cost as much merged as alone (NORMSERVE_BATCH_MAX_SEQ_LEN); a request alone in
             # this worker has nothing to merge with: either way, run here, without the hand-off.
             return self._run({"input": x, "padding_mask": mask}, names)
@@ -83,14 +90,15 @@ class Batcher:
         return item.result
 
     def _loop(self) -> None:
-        while True:
-            batch = self._gather()
+        while batch := self._gather():
             self._execute(batch)
 
     def _gather(self) -> list[_Pending]:
         """The oldest request and every compatible one that arrives before the batch is full or the delay ends."""
         with self._cond:
-            self._cond.wait_for(lambda: bool(self._queue))
+            self._cond.wait_for(lambda: bool(self._queue) or self._closed)
+            if not self._queue:
+                return []  # closed and drained: the thread ends
             first = self._queue.popleft()
             batch, rows = [first], len(first.x)
             deadline = time.monotonic() + self.delay_s

@@ -16,8 +16,9 @@ import numpy as np
 from app.core import reference
 from app.core.batching import Batcher
 from app.core.dataplane import EncodeInput, EncodeOutput, EncoderLimits, Fields
-from app.core.model import FLOAT, Loaded, Model, Signature, TensorSpec, verify
+from app.core.model import FLOAT, Loaded, Model, Signature, TensorSpec
 from app.core.reference import EncoderConfig
+from app.core.repository import WEIGHTS_FILE
 from app.core.tensors import check_finite
 
 STATS = ("mean", "std")
@@ -47,7 +48,7 @@ class EncoderModel(Model):
         self.limits = EncoderLimits(self.config.d_model, self.config.max_sequence_length)
         self.layer_norms: list[str] = list(entry["layer_norms"])
         self.output_names = output_names(self.layer_norms)
-        self.weights = _load_weights(loaded.path.parent / entry["weights"]["file"], entry["weights"]["sha256"])
+        self.weights = _load_weights(loaded.path.parent / WEIGHTS_FILE)  # its sha256 checked by the runtime
         d = self.config.d_model
         self.inputs = (
             TensorSpec("input", FLOAT, (-1, -1, d)),
@@ -55,12 +56,23 @@ class EncoderModel(Model):
         )
         stats = tuple(TensorSpec(n, FLOAT, (-1, -1)) for n in self.output_names[1:])
         self.outputs = (TensorSpec("output", FLOAT, (-1, -1, d)), *stats)
+        self.batching = batching(loaded)
         self.batcher: Batcher | None = None
-        if s.batch_max_size > 1:  # dynamic batching (app/core/batching.py)
+        if self.batching["max_batch_size"] > 1:  # dynamic batching (app/core/batching.py)
+            b = self.batching
             self.batcher = Batcher(
-                self.run, s.batch_max_size, s.batch_delay_us, loaded.in_flight, self.name, s.batch_max_seq_len
+                self.run,
+                b["max_batch_size"],
+                b["max_queue_delay_microseconds"],
+                loaded.in_flight,
+                f"{self.name}/{self.version}",
+                b["max_sequence_length"],
             )
         self.validate_atol = s.validate_atol
+
+    def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
 
     def from_tensors(self, tensors: Mapping[str, np.ndarray], params: Mapping[str, Any], f: Fields) -> EncodeInput:
         return EncodeInput(tensors["input"], tensors.get("padding_mask"), self.limits, fields=f)
@@ -99,7 +111,18 @@ class EncoderModel(Model):
         return out.validation["max_abs_diff"], self.validate_atol
 
 
-def _load_weights(path: Path, expected: str) -> dict[str, np.ndarray]:
-    verify(path, expected)
+def batching(loaded: Loaded) -> dict[str, int]:
+    """Dynamic batching as Triton's config names it: the server's settings, overridden by the model's model.json."""
+    s = loaded.settings
+    own = loaded.policy.dynamic_batching if loaded.policy is not None else None
+    defaults = {
+        "max_batch_size": s.batch_max_size,
+        "max_queue_delay_microseconds": s.batch_delay_us,
+        "max_sequence_length": s.batch_max_seq_len,
+    }
+    return {**defaults, **(own or {})}
+
+
+def _load_weights(path: Path) -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as npz:  # no pickle: weights are plain arrays
         return {k: npz[k].astype(np.float64) for k in npz.files}

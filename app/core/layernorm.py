@@ -9,20 +9,24 @@ float64 math (spec section 1); the statistics are its float64 sums.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from app.core import reference
 from app.core.conditioning import condition_rows, refine_rows
 from app.core.dataplane import Fields, NormalizeInput, NormalizeOutput
-from app.core.model import FLOAT, Model, Signature, TensorSpec
+from app.core.model import FLOAT, Loaded, Model, Signature, TensorSpec
+from app.core.repository import WEIGHTS_FILE
 from app.core.tensors import check_finite
+from app.errors import InvalidInput
 
 FLOAT32_ULP = 2.0**-23
 CHUNK_ELEMENTS = 1 << 18  # rows of a larger input run in chunks of about this many elements (1 MiB)
 NORMALIZE_ATOL = 1e-5  # times max(1, |gamma|): the fidelity promise of spec section 1
 WARM_UP_ATOL = 2 * NORMALIZE_ATOL  # the warm-up's gamma stays within 2
+DEFAULT_EPS = 1e-5  # torch.nn.LayerNorm's
+STATE = ("gamma", "beta")  # a learned LayerNorm's weights.npz
 
 INPUTS: Signature = [
     ("input", ["rows", "cols"]),
@@ -36,23 +40,72 @@ KERNEL_OUTPUTS = [name for name, _ in OUTPUTS]
 
 
 class LayerNormModel(Model):
-    """V2: `input` of any rank >= 1 (metadata [-1]: Triton has no notation for any rank), optional `gamma`
-    and `beta` of input.shape[-k:]; outputs `output`, `mean` and `inv_std_dev` (input.shape[:-k]),
-    with k the request parameter normalized_ndim."""
+    """V2: `input` [rows, cols] (any rank >= 1 is taken: Triton has no notation for it), optional `gamma` and
+    `beta` of input.shape[-k:]; outputs `output`, `mean` and `inv_std_dev` (input.shape[:-k]), with k the
+    request parameter normalized_ndim.
+
+    A learned LayerNorm (an exported torch.nn.LayerNorm) has a normalized_shape, gamma, beta and eps of its
+    own (config and weights.npz): its input ends in normalized_shape, and a request may pass its own gamma,
+    beta and eps instead."""
 
     kind = "layernorm"
     parameters = ("eps", "eps_mode", "normalized_ndim")
-    inputs = (
-        TensorSpec("input", FLOAT, (-1,)),
-        TensorSpec("gamma", FLOAT, (-1,), optional=True),
-        TensorSpec("beta", FLOAT, (-1,), optional=True),
-    )
-    outputs = tuple(TensorSpec(n, FLOAT, (-1,)) for n in ("output", "mean", "inv_std_dev"))
+
+    def __init__(self, loaded: Loaded) -> None:
+        super().__init__(loaded)
+        config = loaded.entry.get("config") or {}
+        self.normalized_shape: tuple[int, ...] = tuple(config.get("normalized_shape", ()))
+        self.eps = float(config.get("eps", DEFAULT_EPS))
+        self.gamma: np.ndarray | None = None
+        self.beta: np.ndarray | None = None
+        if self.normalized_shape:
+            with np.load(loaded.path.parent / WEIGHTS_FILE, allow_pickle=False) as npz:  # sha256: the runtime's
+                self.gamma, self.beta = (npz[k].astype(np.float32).reshape(self.normalized_shape) for k in STATE)
+        trailing = self.normalized_shape or (-1,)
+        batch = (-1,)
+        self.inputs = (
+            TensorSpec("input", FLOAT, batch + trailing),
+            TensorSpec("gamma", FLOAT, trailing, optional=True),
+            TensorSpec("beta", FLOAT, trailing, optional=True),
+        )
+        self.outputs = (
+            TensorSpec("output", FLOAT, batch + trailing),
+            TensorSpec("mean", FLOAT, batch),
+            TensorSpec("inv_std_dev", FLOAT, batch),
+        )
+
+    def request(
+        self,
+        x: np.ndarray,
+        k: int | None = None,
+        eps: float | None = None,
+        eps_mode: str = "var",
+        gamma: np.ndarray | None = None,
+        beta: np.ndarray | None = None,
+        backend: Literal["onnxruntime", "numpy"] = "onnxruntime",
+        validate: bool = False,
+        fields: Fields = Fields(),  # noqa: B008 - frozen dataclass
+    ) -> NormalizeInput:
+        """The data plane's input with this model's defaults: its normalized_shape, gamma, beta and eps."""
+        learned = self.normalized_shape
+        if learned:
+            x = np.asarray(x)
+            if tuple(x.shape[-len(learned) :]) != learned or x.ndim < len(learned) or k not in (None, len(learned)):
+                raise InvalidInput(
+                    f"model {self.name!r} normalizes trailing dims {list(learned)}; got shape {list(x.shape)}"
+                    + ("" if k is None else f" with {k} normalized dims"),
+                    fields.x,
+                )
+            gamma = self.gamma if gamma is None else gamma
+            beta = self.beta if beta is None else beta
+        k = (len(learned) or 1) if k is None else k
+        eps = self.eps if eps is None else eps
+        return NormalizeInput(x, k, eps, eps_mode, gamma, beta, backend, validate, fields)
 
     def from_tensors(self, tensors: Mapping[str, np.ndarray], params: Mapping[str, Any], f: Fields) -> NormalizeInput:
-        x = tensors["input"]
-        eps, mode, k = params.get("eps", 1e-5), params.get("eps_mode", "var"), params.get("normalized_ndim", 1)
-        return NormalizeInput(x, k, eps, mode, tensors.get("gamma"), tensors.get("beta"), fields=f)
+        gamma, beta = tensors.get("gamma"), tensors.get("beta")
+        k, eps, mode = params.get("normalized_ndim"), params.get("eps"), params.get("eps_mode", "var")
+        return self.request(tensors["input"], k, eps, mode, gamma, beta, fields=f)
 
     def to_tensors(self, result: NormalizeOutput) -> dict[str, np.ndarray]:
         # inv_std_dev from the float64 variance, so FP64 clients get every digit it has.
@@ -64,6 +117,11 @@ class LayerNormModel(Model):
 
     def warm_up(self) -> tuple[float, float]:
         rng = np.random.default_rng(20261121)
+        if self.normalized_shape:  # its own gamma, beta and eps: the tolerance scales with its gamma
+            x = (rng.standard_normal((3, *self.normalized_shape)) * 4 + 100).astype(np.float32)
+            out = normalize(self, self.request(x, validate=True))
+            assert out.validation is not None
+            return out.validation["max_abs_diff"], out.validation["atol"]
         x = (rng.standard_normal((3, 5, 16)) * 4 + 100).astype(np.float32)
         g = (1 + 0.1 * rng.standard_normal((5, 16))).astype(np.float32)
         diffs = []

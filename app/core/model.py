@@ -21,6 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 from app.core.dataplane import Fields, ModelInfo
+from app.core.repository import Policy
 from app.errors import InvalidInput
 from app.settings import Settings
 
@@ -59,6 +60,7 @@ class Loaded:
     settings: Settings
     observe: RunObserver
     in_flight: Callable[[], int] | None = None  # requests in this worker: a batch stops waiting when all are in
+    policy: Policy | None = None  # the model's model.json: dynamic batching overrides the server's settings
 
 
 def sha256_of(path: Path) -> str:
@@ -89,10 +91,12 @@ class Model(ABC):
     def __init__(self, loaded: Loaded) -> None:
         entry = loaded.entry
         self.info = ModelInfo(str(entry["name"]), str(entry.get("version", "1")), str(entry["sha256"]))
+        self.files: dict[str, str] = dict(entry.get("files", {}))  # every file of the version: its sha256
         self.path = loaded.path
         self.session = loaded.session
         self.parity: dict[str, Any] = dict(entry.get("parity", {}))
         self.load_seconds = 0.0
+        self.version_policy = loaded.policy.version_policy if loaded.policy is not None else None
         self._observe = loaded.observe
 
     @property
@@ -124,6 +128,9 @@ class Model(ABC):
             "inputs": [t.metadata() for t in self.inputs],
             "outputs": [t.metadata() for t in self.outputs],
         }
+
+    def close(self) -> None:  # noqa: B027 - most kinds run nothing besides requests
+        """The version is retired: stop what it runs besides requests (a batcher). Requests holding it finish."""
 
     def check_tensors(self, tensors: Mapping[str, np.ndarray], f: Fields) -> None:
         """Every required V2 input is there (the codec has refused unknown names and datatypes)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -15,11 +16,14 @@ from app.server.api import docs, errors, health, openapi, playground
 from app.server.api import metrics as metrics_api
 from app.server.api.grpc import server as grpc_server
 from app.server.api.rest import routes as rest
+from app.server.api.v2 import repository
 from app.server.api.v2 import routes as v2
 from app.server.connections import CloseUnreadBodies
 from app.server.observability import ObservabilityMiddleware
 from app.server.worker import Worker
 from app.settings import Settings
+
+log = logging.getLogger("normserve.models")
 
 
 @asynccontextmanager
@@ -30,13 +34,27 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     # The threadpool runs every inference; it must admit as many as the in-flight limit does.
     anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, worker.settings.max_in_flight)
     starting = asyncio.create_task(asyncio.to_thread(worker.start))  # liveness answers meanwhile
+    polling = asyncio.create_task(poll(worker, starting)) if worker.settings.model_control == "poll" else None
     worker.drain.install()  # SIGTERM: not ready at once, in-flight requests finish, then uvicorn's shutdown
     async with grpc_server.serving(worker):  # gRPC on NORMSERVE_GRPC_PORT in this worker, stopped with a grace
         yield
     worker.drain.uninstall()
     worker.admission.draining = True
+    if polling is not None:
+        polling.cancel()
     await starting
     metrics.worker_exit()
+
+
+async def poll(worker: Worker, starting: asyncio.Task[None]) -> None:
+    """poll mode: after start-up, rescan the repository every NORMSERVE_POLL_INTERVAL_S, in the threadpool."""
+    await starting
+    while True:
+        await asyncio.sleep(worker.settings.poll_interval_s)
+        try:
+            await asyncio.to_thread(worker.control.poll)
+        except Exception:  # a folder half written or gone: the next scan sees it again, the loop must go on
+            log.exception("poll: scanning %s failed", worker.settings.model_dir)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -52,7 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.add_middleware(ObservabilityMiddleware)  # pure ASGI: request ids, request metrics, the JSON log line
     app.add_middleware(CloseUnreadBodies)  # an answer sent before its request's body ended closes the connection
-    for router in (rest.router, health.router, v2.router, metrics_api.router):
+    for router in (rest.router, health.router, v2.router, repository.router, metrics_api.router):
         app.include_router(router)
     playground.install(app)  # GET / and /static
     docs.install(app)  # GET /docs and /docs/assets

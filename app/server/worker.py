@@ -14,11 +14,13 @@ from typing import Any, TypeVar
 
 import anyio
 
-from app.core.model import Model, ModelLoadError
+from app.core.model import Model
+from app.core.repository import LegacyLayout
 from app.core.runtime import Runtime
 from app.errors import ModelNotFound, NotReady, Timeout
 from app.server import metrics, observability
 from app.server.admission import Admission
+from app.server.control import LOAD_ERRORS, ModelControl
 from app.server.drain import Drain
 from app.server.statistics import InferTimer, Statistics
 from app.settings import Settings
@@ -42,32 +44,30 @@ class Worker:
         self.statistics = Statistics()
         # The batchers stop waiting once every request in flight in this worker is in the batch.
         self.runtime = Runtime(settings, observe=self._observe_run, in_flight=self.admission.count)
+        self.control = ModelControl(self.runtime)
         self.drain = Drain(self.admission, settings.drain_timeout_s)
 
-    def load(self) -> None:
-        """sha256 checks and sessions (ModelLoadError names the file)."""
-        self.runtime.load()
+    def load(self) -> list[Model]:
+        """sha256 checks and sessions of every model loaded at start (ModelLoadError names the file)."""
+        return [m for name in self.control.startup_names() for m in self.control.build(name)]
 
-    def warm_up(self) -> dict[str, tuple[float, float]]:
-        """The parity warm-up of every model against the NumPy reference: (max abs diff, tolerance) by name.
-
-        ModelLoadError past a tolerance."""
+    def warm_up(self, models: list[Model]) -> dict[tuple[str, str], tuple[float, float]]:
+        """The parity warm-up of each model against the NumPy reference, then it serves: (max abs diff,
+        tolerance) by (name, version). ModelLoadError past a tolerance."""
         self.admission.not_ready_reason = "parity warm-up running"
-        figures = self.runtime.warm_up()
-        for name, model in self.runtime.models.items():
-            metrics.record_model(name, model.version, model.load_seconds, figures[name][0])
-        return figures
+        return self.control.warm_up(models)
 
     def start(self) -> None:
-        """Load, warm up, then ready; a failure leaves the worker live but not ready, with the reason."""
+        """Load, warm up, then ready; a failure leaves the worker live but not ready, with the reason.
+
+        Triton's strict readiness: every model meant to be served at start must load."""
         try:
-            self.load()
-            figures = self.warm_up()
-        except (ModelLoadError, OSError, ValueError, KeyError) as e:
+            figures = self.warm_up(self.load())
+        except (*LOAD_ERRORS, LegacyLayout) as e:
             self.admission.not_ready_reason = f"model check failed: {e}"
             log.error("not ready: %s", e, extra={"reason": self.admission.not_ready_reason})
             return
-        diffs = {name: diff for name, (diff, _) in figures.items()}
+        diffs = {f"{name}/{version}": diff for (name, version), (diff, _) in figures.items()}
         log.info(
             "ready: parity warm-up max abs diff %s",
             {k: f"{v:.2e}" for k, v in diffs.items()},
@@ -75,7 +75,7 @@ class Worker:
         )
         self.admission.ready = True
 
-    def model(self, name: str, version: str | None = None) -> Model:
+    def model(self, name: str, version: str | int | None = None) -> Model:
         """The model, 404 if unknown; 503 while models are still loading, when unknown may just mean not yet."""
         try:
             model = self.runtime.get(name, version)

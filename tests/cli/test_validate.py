@@ -18,12 +18,12 @@ from app.settings import Settings
 from tests.cli.normserve import closed_port, run
 from tests.live_server import MODELS
 
-NAMES = ["encoder", "encoder-preln", "layernorm"]
+NAMES = sorted(["encoder/1", "encoder-preln/1", "layernorm/1"])
 
 
 def _tamper(models: Path) -> Path:
-    """A byte appended to models/layernorm.onnx; its path."""
-    path = models / "layernorm.onnx"
+    """A byte appended to layernorm's model.onnx; its path."""
+    path = models / "layernorm/1/model.onnx"
     with path.open("ab") as f:
         f.write(b"\0")
     return path
@@ -37,7 +37,7 @@ def _tamper(models: Path) -> Path:
     [
         (
             ["validate", "--model-dir", "/nonexistent/models"],
-            "normserve validate: error: /nonexistent/models: no manifest.json; run `normserve export` or pass --model-dir",
+            "normserve validate: error: /nonexistent/models: model repository missing; run `normserve export` or pass --model-dir",
         ),
         (
             ["validate", "--url", "127.0.0.1:8000"],
@@ -60,7 +60,7 @@ def test_validate_in_process_prints_a_parity_table() -> None:
     out = run("validate", "--model-dir", str(MODELS))
     assert out.returncode == 0, out.stderr
     rows = [line for line in out.stdout.splitlines() if "warm-up vs NumPy" in line]
-    assert sorted(line.split()[1] for line in rows) == ["encoder", "encoder-preln", "layernorm"]
+    assert sorted(line.split()[1] for line in rows) == NAMES
     assert all("pass" in line for line in rows)
     assert "all 3 checks passed" in out.stdout
     assert "[2/2] parity warm-up against NumPy" in out.stderr
@@ -99,15 +99,15 @@ def test_validate_url_with_a_path_that_is_not_normserve_is_one_line_error(server
 def test_validate_in_process_fails_with_exit_1_when_weights_do_not_match_the_graph(tmp_path: Path) -> None:
     models = tmp_path / "models"
     shutil.copytree(MODELS, models)
-    manifest = json.loads((models / "manifest.json").read_text())
-    entry = manifest["models"]["encoder"]["weights"]
-    with np.load(models / entry["file"]) as npz:
+    manifest = json.loads((models / "encoder/1/manifest.json").read_text())
+    path = models / "encoder/1/weights.npz"
+    with np.load(path) as npz:
         weights = {k: npz[k] for k in npz.files}
     name = next(k for k in sorted(weights) if k.endswith("weight") and weights[k].ndim == 2)
     weights[name] = weights[name] * 1.01  # the NumPy reference now differs from the ONNX graph
-    np.savez(models / entry["file"], **weights)
-    entry["sha256"] = hashlib.sha256((models / entry["file"]).read_bytes()).hexdigest()  # sha256 checks still pass
-    (models / "manifest.json").write_text(json.dumps(manifest))
+    np.savez(path, **weights)
+    manifest["files"]["weights.npz"] = hashlib.sha256(path.read_bytes()).hexdigest()  # sha256 checks still pass
+    (models / "encoder/1/manifest.json").write_text(json.dumps(manifest))
     out = run("validate", "--model-dir", str(models))
     assert out.returncode == 1
     assert (
@@ -141,7 +141,11 @@ def test_in_process_plan_loads_then_warms_up_every_model() -> None:
     checks = warm_up()
     assert sorted(c.model for c in checks) == NAMES
     assert {c.check for c in checks} == {"warm-up vs NumPy"}
-    assert {c.model: c.atol for c in checks} == {"encoder": 1e-4, "encoder-preln": 1e-4, "layernorm": WARM_UP_ATOL}
+    assert {c.model: c.atol for c in checks} == {
+        "encoder/1": 1e-4,
+        "encoder-preln/1": 1e-4,
+        "layernorm/1": WARM_UP_ATOL,
+    }
     assert all(c.passed and c.max_abs_diff > 0 for c in checks)
 
 
@@ -154,14 +158,14 @@ def test_in_process_plan_with_atol_checks_every_model_against_it() -> None:
 
 def test_in_process_plan_of_a_directory_without_models_is_refused_before_any_step(tmp_path: Path) -> None:
     with pytest.raises(ValidateError) as e:
-        in_process_plan(tmp_path)
-    assert str(e.value) == f"{tmp_path}: no manifest.json; run `normserve export` or pass --model-dir"
+        in_process_plan(tmp_path / "models")
+    assert str(e.value) == f"{tmp_path}/models: model repository missing; run `normserve export` or pass --model-dir"
 
 
 def test_in_process_load_step_reports_a_tampered_file_as_a_validate_error(tmp_path: Path) -> None:
     models = Path(shutil.copytree(MODELS, tmp_path / "models"))
     path = _tamper(models)
-    expected = json.loads((models / "manifest.json").read_text())["models"]["layernorm"]["sha256"]
+    expected = json.loads((models / "layernorm/1/manifest.json").read_text())["files"]["model.onnx"]
     (_, load), _ = in_process_plan(models)
     with pytest.raises(ValidateError) as e:
         load()
@@ -171,14 +175,13 @@ def test_in_process_load_step_reports_a_tampered_file_as_a_validate_error(tmp_pa
 
 def test_in_process_warm_up_step_stops_at_a_model_past_the_services_tolerance(monkeypatch: pytest.MonkeyPatch) -> None:
     runtime = Runtime(Settings(model_dir=MODELS, batch_max_size=1))
-    runtime.load()
-    diff, _ = runtime.get("encoder").warm_up()  # the first model the warm-up runs (manifest order)
+    diff, _ = runtime.build("encoder", 1).warm_up()  # the first model the warm-up runs (sorted by name)
     monkeypatch.setenv("NORMSERVE_VALIDATE_ATOL", "1e-12")  # the worker's own Settings read it
     (_, load), (_, warm_up) = in_process_plan(MODELS)
     load()
     with pytest.raises(ModelLoadError) as e:
         warm_up()
-    assert str(e.value) == f"{MODELS / 'encoder.onnx'}: parity warm-up failed, max abs diff {diff:.3g} > 1e-12"
+    assert str(e.value) == f"{MODELS}/encoder/1/model.onnx: parity warm-up failed, max abs diff {diff:.3g} > 1e-12"
 
 
 # ---- against a running server ---------------------------------------------------------------------

@@ -32,8 +32,9 @@ def model(request: pytest.FixtureRequest, runtime: Runtime) -> EncoderModel:
 
 def _build(name: str, settings: Settings) -> EncoderModel:
     """One encoder of the repo's models, built as the runtime builds it, with these settings."""
-    entry = {"name": name, **json.loads((MODELS / "manifest.json").read_text())["models"][name]}
-    path = MODELS / entry["file"]
+    manifest = json.loads((MODELS / name / "1" / "manifest.json").read_text())
+    entry = {**manifest, "name": name, "sha256": manifest["files"]["model.onnx"]}
+    path = MODELS / name / "1" / "model.onnx"
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return EncoderModel(Loaded(entry, path, session, settings, lambda *_: None))
 

@@ -28,13 +28,14 @@ from app.errors import InvalidInput
 from app.server.api.v2.codec import FIELDS as V2_FIELDS
 from app.settings import Settings
 from tests.live_server import MODELS
+from tests.repositories import learned_layernorm
 
 Backend = Literal["onnxruntime", "numpy"]
 
 
 @pytest.fixture(scope="module")
 def session() -> ort.InferenceSession:
-    return ort.InferenceSession(str(MODELS / "layernorm.onnx"), providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(MODELS / "layernorm/1/model.onnx"), providers=["CPUExecutionProvider"])
 
 
 @pytest.fixture
@@ -46,8 +47,10 @@ def model(runtime: Runtime) -> LayerNormModel:
 
 def _counting_model(session: ort.InferenceSession, runs: list[int]) -> LayerNormModel:
     """The layernorm kind on the repo's graph, appending each run's row count to `runs`."""
-    entry = {"name": "layernorm", **json.loads((MODELS / "manifest.json").read_text())["models"]["layernorm"]}
-    loaded = Loaded(entry, MODELS / "layernorm.onnx", session, Settings(model_dir=MODELS), lambda *r: runs.append(r[3]))
+    manifest = json.loads((MODELS / "layernorm/1/manifest.json").read_text())
+    entry = {**manifest, "name": "layernorm", "sha256": manifest["files"]["model.onnx"]}
+    path, settings = MODELS / "layernorm/1/model.onnx", Settings(model_dir=MODELS)
+    loaded = Loaded(entry, path, session, settings, lambda *r: runs.append(r[3]))
     return LayerNormModel(loaded)
 
 
@@ -69,12 +72,79 @@ def test_signature_is_the_exported_graphs(session: ort.InferenceSession) -> None
 
 def test_v2_view_takes_input_gamma_beta_and_the_three_parameters(model: LayerNormModel) -> None:
     assert [(t.name, t.datatypes, t.shape, t.optional) for t in model.inputs] == [
-        ("input", ("FP32", "FP64"), (-1,), False),
+        ("input", ("FP32", "FP64"), (-1, -1), False),
         ("gamma", ("FP32", "FP64"), (-1,), True),
         ("beta", ("FP32", "FP64"), (-1,), True),
     ]
-    assert [t.name for t in model.outputs] == ["output", "mean", "inv_std_dev"]
+    assert [(t.name, t.shape) for t in model.outputs] == [("output", (-1, -1)), ("mean", (-1,)), ("inv_std_dev", (-1,))]
     assert model.parameters == ("eps", "eps_mode", "normalized_ndim")
+
+
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory: pytest.TempPathFactory) -> tuple[LayerNormModel, np.ndarray, np.ndarray]:
+    """A learned LayerNorm of normalized_shape (2, 8), eps 1e-3, with gamma and beta of its own."""
+    rng = np.random.default_rng(7)
+    gamma, beta = (1 + 0.3 * rng.standard_normal((2, 8))), rng.standard_normal((2, 8))
+    root = tmp_path_factory.mktemp("repository")
+    learned_layernorm(root, "ln-learned", 1, gamma, beta, eps=1e-3)
+    model = Runtime(Settings(model_dir=root)).build("ln-learned", 1)
+    assert isinstance(model, LayerNormModel)
+    return model, gamma.astype(np.float32), beta.astype(np.float32)
+
+
+def test_a_learned_layernorm_describes_its_normalized_shape(learned: tuple[LayerNormModel, Any, Any]) -> None:
+    model = learned[0]
+    assert [(t.name, t.shape) for t in model.inputs] == [("input", (-1, 2, 8)), ("gamma", (2, 8)), ("beta", (2, 8))]
+    assert [(t.name, t.shape) for t in model.outputs] == [
+        ("output", (-1, 2, 8)),
+        ("mean", (-1,)),
+        ("inv_std_dev", (-1,)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("override", "eps"),
+    [({}, 1e-3), ({"eps": 0.5}, 0.5), ({"gamma": True}, 1e-3), ({"gamma": True, "beta": True}, 1e-3)],
+)
+def test_a_learned_layernorm_uses_its_own_weights_and_eps_unless_the_request_passes_some(
+    learned: tuple[LayerNormModel, np.ndarray, np.ndarray], override: dict[str, Any], eps: float
+) -> None:
+    model, gamma, beta = learned
+    x = (np.random.default_rng(1).standard_normal((3, 2, 8)) * 5 + 40).astype(np.float32)
+    mine = np.full((2, 8), 2.0, np.float32)
+    g = mine if override.get("gamma") else gamma
+    b = -mine if override.get("beta") else beta
+    req = model.request(
+        x,
+        None,
+        override.get("eps"),
+        "var",
+        mine if "gamma" in override else None,
+        -mine if "beta" in override else None,
+    )
+    out = model.infer(req)
+    expected = reference.layer_norm(x, 2, eps, "var", g, b)
+    np.testing.assert_allclose(out.output, expected.output, atol=2e-5 * max(1.0, float(np.abs(g).max())))
+    np.testing.assert_allclose(out.mean, expected.mean, rtol=1e-12)
+
+
+@pytest.mark.parametrize(("shape", "k"), [((3, 8), None), ((3, 2, 4), None), ((3, 2, 8), 1), ((8,), None)])
+def test_a_learned_layernorm_refuses_inputs_not_ending_in_its_normalized_shape(
+    learned: tuple[LayerNormModel, Any, Any], shape: tuple[int, ...], k: int | None
+) -> None:
+    with pytest.raises(InvalidInput) as e:
+        learned[0].request(np.zeros(shape, np.float32), k, fields=V2_FIELDS)
+    with_k = "" if k is None else f" with {k} normalized dims"
+    assert str(e.value) == (
+        f"inputs.input: model 'ln-learned' normalizes trailing dims [2, 8]; got shape {list(shape)}{with_k}"
+    )
+
+
+def test_a_learned_layernorm_warms_up_within_its_gamma_scaled_tolerance(
+    learned: tuple[LayerNormModel, Any, Any],
+) -> None:
+    diff, atol = learned[0].warm_up()
+    assert 0 < diff <= atol
 
 
 def test_from_tensors_reads_inputs_and_parameters(model: LayerNormModel) -> None:

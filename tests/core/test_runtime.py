@@ -1,11 +1,10 @@
-"""app/core/runtime.py: the manifest's models verified and built by their kind's class, looked up, warmed up."""
+"""app/core/runtime.py: versions built from the repository by their kind's class, published, retired, looked up."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,50 +13,45 @@ import pytest
 from app.core.encoder import EncoderModel
 from app.core.layernorm import WARM_UP_ATOL, LayerNormModel
 from app.core.model import ModelLoadError
-from app.core.runtime import KINDS, MANIFEST, Runtime, session_options
-from app.errors import ModelNotFound
+from app.core.runtime import KINDS, READY, UNAVAILABLE, Runtime, State, session_options
+from app.errors import InvalidInput, ModelNotFound
 from app.settings import Settings
+from tests.conftest import DEFAULT_MODELS
 from tests.live_server import MODELS
-
-NAMES = ["encoder", "encoder-preln", "layernorm"]
 
 
 @pytest.fixture
 def models(tmp_path: Path) -> Path:
-    """A copy of the repo's models/ to break."""
+    """A copy of the repo's models/ to break or to add versions to."""
     return Path(shutil.copytree(MODELS, tmp_path / "models"))
 
 
-def _edit_manifest(models: Path, edit: Callable[[dict[str, Any]], None]) -> None:
-    manifest = json.loads((models / MANIFEST).read_text())
-    edit(manifest["models"])
-    (models / MANIFEST).write_text(json.dumps(manifest))
-
-
-def _load(models: Path, **settings: Any) -> Runtime:
-    runtime = Runtime(Settings(model_dir=models, **settings))
-    runtime.load()
-    return runtime
+def _manifest(models: Path, name: str, version: int = 1) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((models / name / str(version) / "manifest.json").read_text())
+    return doc
 
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _copy_version(models: Path, name: str, version: int) -> None:
+    shutil.copytree(models / name / "1", models / name / str(version))
+
+
 def test_kinds_name_each_class_by_its_kind() -> None:
     assert KINDS == {"layernorm": LayerNormModel, "encoder": EncoderModel}
 
 
-def test_load_builds_every_model_of_the_manifest_by_its_kinds_class() -> None:
-    runtime = _load(MODELS)
-    manifest = json.loads((MODELS / MANIFEST).read_text())["models"]
-    assert sorted(runtime.models) == sorted(manifest) == NAMES
-    for name, model in runtime.models.items():
-        entry = manifest[name]
-        assert type(model) is KINDS[entry["kind"]]
-        assert (model.name, model.version, model.sha256) == (name, entry["version"], entry["sha256"])
-        assert model.path == MODELS / entry["file"] and model.sha256 == _sha256(model.path)
-        assert model.load_seconds > 0
+def test_load_builds_every_default_model_by_its_kinds_class(runtime: Runtime) -> None:
+    assert [(m.name, m.version) for m in runtime.models] == [(name, "1") for name in DEFAULT_MODELS]
+    for model in runtime.models:
+        manifest = _manifest(MODELS, model.name)
+        assert type(model) is KINDS[manifest["kind"]]
+        assert model.path == MODELS / model.name / "1" / "model.onnx"
+        assert model.sha256 == manifest["files"]["model.onnx"] == _sha256(model.path)
+        assert model.files == manifest["files"] and model.load_seconds > 0
+        assert runtime.states[model.name, 1] == State(READY)
 
 
 @pytest.mark.parametrize("threads", [0, 1, 3])
@@ -66,52 +60,67 @@ def test_sessions_run_one_graph_at_a_time_with_the_configured_intra_op_threads(t
     assert (opts.intra_op_num_threads, opts.inter_op_num_threads) == (threads, 1)
 
 
-def test_a_directory_without_a_manifest_is_refused(tmp_path: Path) -> None:
-    runtime = Runtime(Settings(model_dir=tmp_path))
+def test_a_missing_repository_is_refused_saying_how_to_make_one(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError) as e:
+        Runtime(Settings(model_dir=tmp_path / "nope")).load()
+    assert str(e.value) == f"{tmp_path / 'nope'}: model repository missing; run `normserve export`"
+
+
+def test_an_unknown_kind_is_refused_naming_the_folder_and_the_known_kinds(models: Path) -> None:
+    manifest = _manifest(models, "encoder") | {"kind": "rnn"}
+    (models / "encoder/1/manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ModelLoadError) as e:
-        runtime.load()
-    assert str(e.value) == f"{tmp_path / MANIFEST}: manifest missing; run `normserve export`"
-    assert runtime.models == {}
+        Runtime(Settings(model_dir=models)).build("encoder", 1)
+    assert str(e.value) == f"{models}/encoder/1: unknown kind 'rnn'; expected one of ['encoder', 'layernorm']"
 
 
-def test_an_unknown_kind_is_refused_naming_the_model_and_the_known_kinds(models: Path) -> None:
-    _edit_manifest(models, lambda m: m["encoder"].update(kind="rnn"))
-    with pytest.raises(ModelLoadError) as e:
-        _load(models)
-    assert str(e.value) == "encoder: unknown kind 'rnn'; expected one of ['encoder', 'layernorm']"
-
-
-def test_a_tampered_model_file_is_refused_by_its_sha256(models: Path) -> None:
-    path = models / "layernorm.onnx"
-    with path.open("ab") as f:
-        f.write(b"\0")
-    expected = json.loads((models / MANIFEST).read_text())["models"]["layernorm"]["sha256"]
-    with pytest.raises(ModelLoadError) as e:
-        _load(models)
-    assert str(e.value) == f"{path}: sha256 {_sha256(path)} does not match the manifest's {expected}"
-
-
-def test_tampered_encoder_weights_are_refused_by_their_sha256(models: Path) -> None:
-    path = models / "encoder-preln.npz"
+@pytest.mark.parametrize(("name", "file"), [("layernorm", "model.onnx"), ("encoder-preln", "weights.npz")])
+def test_a_tampered_file_is_refused_by_its_sha256(models: Path, name: str, file: str) -> None:
+    path = models / name / "1" / file
     path.write_bytes(path.read_bytes()[:-1])
-    expected = json.loads((models / MANIFEST).read_text())["models"]["encoder-preln"]["weights"]["sha256"]
+    expected = _manifest(models, name)["files"][file]
     with pytest.raises(ModelLoadError) as e:
-        _load(models)
+        Runtime(Settings(model_dir=models)).build(name, 1)
     assert str(e.value) == f"{path}: sha256 {_sha256(path)} does not match the manifest's {expected}"
 
 
-def test_a_missing_model_file_is_refused(models: Path) -> None:
-    (models / "encoder.onnx").unlink()
+@pytest.mark.parametrize(
+    ("remove", "message"),
+    [
+        ("model.onnx", "{dir}/model.onnx: model file missing"),
+        ("manifest.json", "{dir}/manifest.json: manifest missing"),
+    ],
+)
+def test_a_missing_file_is_refused_naming_it(models: Path, remove: str, message: str) -> None:
+    (models / "encoder/1" / remove).unlink()
     with pytest.raises(ModelLoadError) as e:
-        _load(models)
-    assert str(e.value) == f"{models / 'encoder.onnx'}: model file missing"
+        Runtime(Settings(model_dir=models)).build("encoder", 1)
+    assert str(e.value) == message.format(dir=models / "encoder/1")
 
 
-def test_get_returns_each_model_by_name_and_by_its_version(runtime: Runtime) -> None:
-    for name in NAMES:
-        model = runtime.get(name)
-        assert model.name == name
-        assert runtime.get(name, "1") is model
+def test_a_manifest_of_another_format_is_refused(models: Path) -> None:
+    (models / "layernorm/1/manifest.json").write_text(
+        json.dumps(_manifest(models, "layernorm") | {"format_version": 1})
+    )
+    with pytest.raises(ModelLoadError) as e:
+        Runtime(Settings(model_dir=models)).build("layernorm", 1)
+    assert str(e.value) == (
+        f"{models}/layernorm/1: unreadable manifest ({models}/layernorm/1/manifest.json: "
+        "format_version 1; this server reads 2)"
+    )
+
+
+def test_without_a_version_the_highest_serving_one_answers(models: Path) -> None:
+    _copy_version(models, "layernorm", 3)
+    runtime = Runtime(Settings(model_dir=models))
+    one, three = runtime.build("layernorm", 1), runtime.build("layernorm", 3)
+    runtime.publish(one)
+    assert runtime.get("layernorm") is one
+    runtime.publish(three)
+    assert runtime.get("layernorm") is three and runtime.get("layernorm", "1") is one and runtime.get("layernorm", 3)
+    assert runtime.retire("layernorm", 3) is three
+    assert runtime.get("layernorm") is one and runtime.states["layernorm", 3] == State(UNAVAILABLE, "unloaded")
+    assert runtime.retire("layernorm", 3) is None  # twice: nothing more to retire
 
 
 @pytest.mark.parametrize(
@@ -119,11 +128,9 @@ def test_get_returns_each_model_by_name_and_by_its_version(runtime: Runtime) -> 
     [
         ("nope", None, "model: unknown model 'nope'; available: encoder, encoder-preln, layernorm"),
         ("LayerNorm", None, "model: unknown model 'LayerNorm'; available: encoder, encoder-preln, layernorm"),
-        ("nope", "1", "model: unknown model 'nope'; available: encoder, encoder-preln, layernorm"),
-        ("layernorm", "2", "version: model 'layernorm' has no version '2'; available: 1"),
-        ("encoder", "", "version: model 'encoder' has no version ''; available: 1"),
+        ("layernorm", "2", "version: model 'layernorm' has no ready version '2'; ready: 1"),
     ],
-    ids=["unknown-model", "names-are-case-sensitive", "unknown-model-and-version", "unknown-version", "empty-version"],
+    ids=["unknown-model", "names-are-case-sensitive", "unknown-version"],
 )
 def test_get_of_an_unknown_model_or_version_is_model_not_found(
     runtime: Runtime, name: str, version: str | None, message: str
@@ -133,28 +140,34 @@ def test_get_of_an_unknown_model_or_version_is_model_not_found(
     assert str(e.value) == message
 
 
-def test_get_before_load_says_no_model_is_available() -> None:
-    with pytest.raises(ModelNotFound) as e:
-        Runtime(Settings(model_dir=MODELS)).get("layernorm")
-    assert str(e.value) == "model: unknown model 'layernorm'; available: none"
+@pytest.mark.parametrize(
+    ("name", "version", "field"),
+    [("../x", None, "model"), ("a" * 65, None, "model"), ("/etc", None, "model"), ("layernorm", "0", "version")]
+    + [("layernorm", v, "version") for v in ("-1", "1e9", "01", " 1", "99999999999", "1.0")],
+)
+def test_get_refuses_names_and_versions_no_folder_can_have(
+    runtime: Runtime, name: str, version: str | None, field: str
+) -> None:
+    with pytest.raises(InvalidInput) as e:
+        runtime.get(name, version)
+    assert e.value.field == field
 
 
 def test_warm_up_gives_each_models_figure_under_its_own_tolerance() -> None:
-    runtime = _load(MODELS, validate_atol=5e-5)
-    figures = runtime.warm_up()
-    assert sorted(figures) == NAMES
+    runtime = Runtime(Settings(model_dir=MODELS, validate_atol=5e-5))
+    figures = {name: runtime.warm_up(runtime.build(name, 1)) for name in DEFAULT_MODELS}
     assert {name: atol for name, (_, atol) in figures.items()} == {
         "encoder": 5e-5,
         "encoder-preln": 5e-5,
         "layernorm": WARM_UP_ATOL,
     }
     assert all(0 < diff <= atol for diff, atol in figures.values())
-    assert figures == {name: model.warm_up() for name, model in runtime.models.items()}  # fixed inputs
 
 
 def test_warm_up_past_a_tolerance_is_refused_naming_the_model_file() -> None:
-    runtime = _load(MODELS, validate_atol=1e-12, batch_max_size=1)
-    diff, _ = runtime.get("encoder").warm_up()  # the first model the warm-up runs (manifest order)
+    runtime = Runtime(Settings(model_dir=MODELS, validate_atol=1e-12, batch_max_size=1))
+    model = runtime.build("encoder", 1)
+    diff, _ = model.warm_up()
     with pytest.raises(ModelLoadError) as e:
-        runtime.warm_up()
-    assert str(e.value) == f"{MODELS / 'encoder.onnx'}: parity warm-up failed, max abs diff {diff:.3g} > 1e-12"
+        runtime.warm_up(model)
+    assert str(e.value) == f"{MODELS}/encoder/1/model.onnx: parity warm-up failed, max abs diff {diff:.3g} > 1e-12"

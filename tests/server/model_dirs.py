@@ -13,16 +13,17 @@ BROKEN = ["tampered", "missing", "no-manifest"]
 
 
 def broken_copy(tmp_path: Path, how: str) -> Path:
-    """models/ copied under tmp_path, then: a byte appended to layernorm.onnx, encoder.onnx deleted, or no manifest."""
+    """models/ copied under tmp_path, then: a byte appended to layernorm's model.onnx, encoder's deleted, or
+    layernorm's manifest deleted."""
     target = tmp_path / "models"
     shutil.copytree(MODELS, target)
     if how == "tampered":
-        with (target / "layernorm.onnx").open("ab") as f:
+        with (target / "layernorm/1/model.onnx").open("ab") as f:
             f.write(b"\0")
     elif how == "missing":
-        (target / "encoder.onnx").unlink()
+        (target / "encoder/1/model.onnx").unlink()
     elif how == "no-manifest":
-        (target / "manifest.json").unlink()
+        (target / "layernorm/1/manifest.json").unlink()
     else:
         raise ValueError(f"unknown breakage {how!r}")
     return target
@@ -31,9 +32,10 @@ def broken_copy(tmp_path: Path, how: str) -> Path:
 def not_ready_reason(models: Path, how: str) -> str:
     """The whole reason of a worker whose start found the copy broken as `how` says."""
     if how == "tampered":
-        actual = hashlib.sha256((models / "layernorm.onnx").read_bytes()).hexdigest()
-        expected = json.loads((MODELS / "manifest.json").read_text())["models"]["layernorm"]["sha256"]
-        return f"model check failed: {models}/layernorm.onnx: sha256 {actual} does not match the manifest's {expected}"
+        path = models / "layernorm/1/model.onnx"
+        actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        expected = json.loads((MODELS / "layernorm/1/manifest.json").read_text())["files"]["model.onnx"]
+        return f"model check failed: {path}: sha256 {actual} does not match the manifest's {expected}"
     if how == "missing":
-        return f"model check failed: {models}/encoder.onnx: model file missing"
-    return f"model check failed: {models}/manifest.json: manifest missing; run `normserve export`"
+        return f"model check failed: {models}/encoder/1/model.onnx: model file missing"
+    return f"model check failed: {models}/layernorm/1/manifest.json: manifest missing"

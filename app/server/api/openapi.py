@@ -37,6 +37,8 @@ def _body(params: type, tensors: dict[str, Any], examples: dict[str, Any]) -> di
 
 _MEANING = {
     400: "body is not valid JSON",
+    401: "no `Authorization: Bearer <token>` while NORMSERVE_ADMIN_TOKEN is set",
+    403: "a wrong admin token, or model control that is not explicit (the message names the setting)",
     404: "unknown model or version",
     408: "the body did not arrive within NORMSERVE_BODY_TIMEOUT_S; the connection is closed",
     413: "body larger than NORMSERVE_MAX_BODY_BYTES, also after decompression",
@@ -217,6 +219,27 @@ V2_METADATA: dict[str, Any] = {
 V2_READY: dict[str, Any] = {"responses": {**_ok("the model is ready", "v2_readiness"), **_errors(404, 503, v2=True)}}
 V2_STATS: dict[str, Any] = {
     "responses": {**_ok("Triton's statistics of the model", "v2_statistics"), **_errors(404, 503, v2=True)}
+}
+_OBJECT = {"content": {"application/json": {"schema": {"type": "object"}}}}
+V2_CONFIG: dict[str, Any] = {
+    "responses": {200: {"description": "Triton's model configuration", **_OBJECT}, **_errors(400, 404, 503, v2=True)}
+}
+_REPOSITORY_BODY = {
+    "openapi_extra": {"requestBody": {"required": False, **_OBJECT, "description": '{"parameters": {...}}'}}
+}
+V2_REPOSITORY_INDEX: dict[str, Any] = {
+    **_REPOSITORY_BODY,
+    "responses": {
+        200: {"description": "[{name, version, state, reason}] of every version in the folder", **_OBJECT},
+        **_errors(400, 401, 403, v2=True),
+    },
+}
+V2_REPOSITORY_CONTROL: dict[str, Any] = {
+    **_REPOSITORY_BODY,
+    "responses": {
+        200: {"description": "done: the versions now serving, or unloaded", **_OBJECT},
+        **_errors(400, 401, 403, 404, v2=True),
+    },
 }
 HEALTH_LIVE: dict[str, Any] = {"responses": _ok("the process serves", "v2_liveness")}
 HEALTH_READY: dict[str, Any] = {

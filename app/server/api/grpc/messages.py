@@ -10,17 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from app import __version__
-from app.core.model import PLATFORM, Model, TensorSpec
-from app.server.admission import Admission
+from app.core.model import Model
+from app.server.api.v2 import config
 
-BACKEND = "onnxruntime"
 # Triton's extensions this transport implements (binary_tensor_data is HTTP's: gRPC tensors are raw anyway).
-EXTENSIONS = ("parameters", "statistics", "model_configuration")
-READY, UNAVAILABLE = "READY", "UNAVAILABLE"  # Triton's model states
+EXTENSIONS = ("parameters", "statistics", "model_configuration", "model_repository")
 
 
 def server_metadata() -> Any:
@@ -36,19 +33,8 @@ def model_metadata(model: Model) -> Any:
     return response
 
 
-def _data_type(spec: TensorSpec) -> int:
-    value: int = mc.DataType.Value(f"TYPE_{spec.datatypes[0]}")
-    return value
-
-
 def model_config(model: Model) -> Any:
-    """Triton's config: no batch dim of Triton's own (max_batch_size 0: -1 dims take any size), optional inputs."""
-    config = mc.ModelConfig(name=model.name, platform=PLATFORM, backend=BACKEND, max_batch_size=0)
-    for spec in model.inputs:
-        config.input.add(name=spec.name, data_type=_data_type(spec), dims=spec.shape, optional=spec.optional)
-    for spec in model.outputs:
-        config.output.add(name=spec.name, data_type=_data_type(spec), dims=spec.shape)
-    return pb.ModelConfigResponse(config=config)
+    return pb.ModelConfigResponse(config=config.model_config(model))
 
 
 def statistics(report: dict[str, Any]) -> Any:
@@ -56,12 +42,10 @@ def statistics(report: dict[str, Any]) -> Any:
     return json_format.ParseDict(report, pb.ModelStatisticsResponse())
 
 
-def repository_index(models: list[Model], admission: Admission, ready_only: bool) -> Any:
-    """Every loaded model: READY once the worker is (verified and warmed up), else UNAVAILABLE with the reason."""
-    state, reason = (READY, "") if admission.ready else (UNAVAILABLE, admission.not_ready_reason)
+def repository_index(rows: list[dict[str, str]], ready_only: bool) -> Any:
+    """ModelControl.index's rows: every version in the repository folder with its state and reason."""
     response = pb.RepositoryIndexResponse()
-    if ready_only and state != READY:
-        return response
-    for model in models:
-        response.models.add(name=model.name, version=model.version, state=state, reason=reason)
+    for row in rows:
+        if not ready_only or row["state"] == "READY":
+            response.models.add(**row)
     return response

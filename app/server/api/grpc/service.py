@@ -16,7 +16,9 @@ from typing import Any
 from tritonclient.grpc import service_pb2 as pb
 
 from app.core.model import Model
-from app.errors import ModelControlDisabled
+from app.core.repository import check_name
+from app.errors import InvalidInput
+from app.server.api.admin import check_token
 from app.server.api.grpc import calls, codec, messages, wire
 from app.server.api.grpc.calls import Call
 from app.server.api.v2.rules import InferRequest
@@ -26,11 +28,6 @@ from app.server.worker import INLINE_BODY_BYTES, Worker, staged
 SERVICE = "inference.GRPCInferenceService"
 # Requests of one stream computed at once; the stream's reader waits past it (grpc's flow control pushes back).
 STREAM_WINDOW = 16
-# Triton's answer outside `explicit` model control mode; HTTP would say it with a 403 (app/errors.py).
-MODEL_CONTROL = (
-    "cannot {} model {!r}: explicit model control is off (NORMSERVE_MODEL_CONTROL=explicit is not supported yet); "
-    "the models in NORMSERVE_MODEL_DIR load at start-up and stay"
-)
 
 
 class InferenceService:
@@ -65,18 +62,39 @@ class InferenceService:
         if request.name:
             models = [self._model(request.name, request.version, call)]
         else:
-            models = list(self.worker.runtime.models.values())
+            models = list(self.worker.runtime.models)
         return messages.statistics(self.worker.statistics.report([(m.name, m.version) for m in models]))
 
     async def RepositoryIndex(self, request: Any, context: Any, call: Call) -> Any:
-        models = list(self.worker.runtime.models.values())
-        return messages.repository_index(models, self.worker.admission, request.ready)
+        self._admin(context)
+        return messages.repository_index(self.worker.control.index(), request.ready)
 
     async def RepositoryModelLoad(self, request: Any, context: Any, call: Call) -> Any:
-        raise ModelControlDisabled(MODEL_CONTROL.format("load", request.model_name))
+        """As HTTP's load: explicit mode only; done (or failed, with the reason) when it answers."""
+        self._admin(context)
+        name = self._control(request, "load", call)
+        await asyncio.to_thread(self.worker.control.load, name)
+        return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: Any, call: Call) -> Any:
-        raise ModelControlDisabled(MODEL_CONTROL.format("unload", request.model_name))
+        self._admin(context)
+        name = self._control(request, "unload", call)
+        await asyncio.to_thread(self.worker.control.unload, name)
+        return pb.RepositoryModelUnloadResponse()
+
+    def _admin(self, context: Any) -> None:
+        metadata = dict(context.invocation_metadata() or ())
+        check_token(metadata.get("authorization"), self.worker.settings)
+
+    def _control(self, request: Any, action: str, call: Call) -> str:
+        name = check_name(request.model_name, "model_name")
+        if request.parameters:
+            unknown = sorted(set(request.parameters) - ({"unload_dependents"} if action == "unload" else set()))
+            if unknown:
+                raise InvalidInput("not supported; the repository folder is what loads", f"parameters.{unknown[0]}")
+        self.worker.control.check_explicit(action, name)
+        call.model = name if name in self.worker.runtime.serving else ""  # bounded: only served names label metrics
+        return name
 
     async def ModelInfer(self, request: Any, context: Any, call: Call) -> wire.Encoded:
         return await self._infer(request, context, call)

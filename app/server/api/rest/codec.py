@@ -17,6 +17,8 @@ from app.core import jsontensors
 from app.core.dataplane import EncodeInput, EncodeOutput, Fields, NormalizeInput, NormalizeOutput
 from app.core.encoder import EncoderModel
 from app.core.jsonkeys import check_unique_keys
+from app.core.layernorm import LayerNormModel
+from app.core.model import Model
 from app.core.tensors import decode_json_tensor, dumps, encode_json_tensor, loads
 from app.errors import InvalidInput, shown
 from app.settings import Settings
@@ -30,8 +32,14 @@ class NormalizeParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
-    normalized_shape: int | list[int] | None = Field(None, description="Trailing dims of data; default its last dim.")
-    eps: float = Field(1e-5, description="Added to var (mode var) or std (mode std); a finite number > 0.")
+    model: str = Field("layernorm", description="A layernorm model of the repository.")
+    version: int | str | None = Field(None, description="A version of it; default the highest ready one.")
+    normalized_shape: int | list[int] | None = Field(
+        None, description="Trailing dims of data; default its last dim (a learned model's normalized_shape)."
+    )
+    eps: float | None = Field(
+        None, description="Added to var (mode var) or std (mode std); a finite number > 0; default 1e-5."
+    )
     eps_mode: str = Field(
         "var", description="var: sqrt(var + eps); std: sqrt(var) + eps.", json_schema_extra={"enum": ["var", "std"]}
     )
@@ -44,7 +52,8 @@ class EncodeParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
-    model: str = Field("encoder", description="encoder (post-LN) or encoder-preln.")
+    model: str = Field("encoder", description="An encoder of the repository: encoder (post-LN), encoder-preln, ...")
+    version: int | str | None = Field(None, description="A version of it; default the highest ready one.")
     validate_: bool = Field(False, alias="validate", description="Also run the NumPy reference and report the diff.")
 
 
@@ -52,9 +61,18 @@ NORMALIZE_TENSORS = ("data", "gamma", "beta")
 ENCODE_TENSORS = ("data", "padding_mask")
 
 
-def decode_normalize(body: bytes | bytearray, settings: Settings) -> NormalizeInput:
+Resolve = Callable[[str, int | str | None], Model]  # (model, version) -> the serving model, or 404
+
+
+def decode_normalize(
+    body: bytes | bytearray, settings: Settings, resolve: Resolve
+) -> tuple[LayerNormModel, NormalizeInput]:
+    """The layernorm model named by `model` and `version`, and its input with the model's defaults."""
     fields, tensors = _split(body, NORMALIZE_TENSORS)
     params = _validate(NormalizeParams, fields, NORMALIZE_TENSORS)
+    model = resolve(params.model, params.version)
+    if not isinstance(model, LayerNormModel):
+        raise InvalidInput(f"{params.model!r} is a {model.kind} model; /normalize takes a layernorm", "model")
     may_hold_bools = _may_hold_bools(body, tensors)
     x, gamma, beta = (
         _tensor(tensors[name], name, settings, may_hold_bools) if name in tensors else None
@@ -63,7 +81,8 @@ def decode_normalize(body: bytes | bytearray, settings: Settings) -> NormalizeIn
     assert x is not None
     k = _trailing_dims(params.normalized_shape, x.shape)
     check_unique_keys(body)  # last, when the body is known to hold only numbers besides the fields
-    return NormalizeInput(x, k, params.eps, params.eps_mode, gamma, beta, params.backend, params.validate_, FIELDS)
+    req = model.request(x, k, params.eps, params.eps_mode, gamma, beta, params.backend, params.validate_, FIELDS)
+    return model, req
 
 
 def encode_normalize(out: NormalizeOutput) -> bytes:
@@ -86,12 +105,14 @@ def encode_normalize(out: NormalizeOutput) -> bytes:
 
 
 def decode_encode(
-    body: bytes | bytearray, settings: Settings, encoder: Callable[[str], EncoderModel]
+    body: bytes | bytearray, settings: Settings, resolve: Resolve
 ) -> tuple[EncoderModel, EncodeInput, bool]:
     """The encoder named by `model`, its input as (B,T,C), and whether the caller sent a 2-D (T,C) tensor."""
     fields, tensors = _split(body, ENCODE_TENSORS)
     params = _validate(EncodeParams, fields, ENCODE_TENSORS)
-    model = encoder(params.model)
+    model = resolve(params.model, params.version)
+    if not isinstance(model, EncoderModel):
+        raise InvalidInput(f"{params.model!r} is a {model.kind} model; /encode takes an encoder", "model")
     x = _tensor(tensors["data"], "data", settings, _may_hold_bools(body, tensors))
     mask = None
     if tensors.get("padding_mask") is not None:
@@ -163,10 +184,10 @@ def _tensor(value: Any, name: str, settings: Settings, may_hold_bools: bool) -> 
     )
 
 
-def _trailing_dims(normalized_shape: int | list[int] | None, shape: tuple[int, ...]) -> int:
-    """k, the number of trailing dims normalized, checking normalized_shape against data's shape."""
+def _trailing_dims(normalized_shape: int | list[int] | None, shape: tuple[int, ...]) -> int | None:
+    """k, the number of trailing dims normalized, checking normalized_shape against data's shape (None: the model's)."""
     if normalized_shape is None:
-        return 1
+        return None
     dims = [normalized_shape] if isinstance(normalized_shape, int) else normalized_shape
     k = len(dims)
     if k == 0 or k > len(shape) or tuple(dims) != shape[len(shape) - k :]:

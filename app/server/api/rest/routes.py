@@ -7,9 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.core.dataplane import EncodeInput, NormalizeInput, NormalizeOutput
-from app.core.encoder import EncoderModel
 from app.core.model import Model
-from app.errors import InvalidInput
 from app.server import observability
 from app.server.api import openapi
 from app.server.api.body import read_body, require_json
@@ -19,7 +17,6 @@ from app.server.statistics import InferTimer
 from app.server.worker import INLINE_BODY_BYTES, Worker, staged
 
 router = APIRouter(tags=["normalization"], route_class=DirectRoute)  # no per-request dependency solving
-LAYERNORM = "layernorm"
 
 
 @router.post("/normalize", **openapi.NORMALIZE)
@@ -30,9 +27,13 @@ async def normalize(request: Request, worker: Worker) -> Response:
     timer = InferTimer()
 
     def decode() -> tuple[Model, NormalizeInput, None]:
-        model = worker.runtime.get(LAYERNORM)  # admitted, so loaded; named in the log once its session ran
+        model, req = codec.decode_normalize(body, worker.settings, resolve)
+        return model, req, None
+
+    def resolve(name: str, version: int | str | None) -> Model:
+        model = worker.model(name, version)
         timer.model = (model.name, model.version)  # a request that fails to decode counts as its failure
-        return model, codec.decode_normalize(body, worker.settings), None
+        return model
 
     def encode(_: None, out: NormalizeOutput) -> bytes:
         if out.model is not None:
@@ -51,15 +52,13 @@ async def encode(request: Request, worker: Worker) -> Response:
     body = await read_body(request, worker.settings)
     timer = InferTimer()
 
-    def encoder(name: str) -> EncoderModel:
-        model = worker.model(name)
-        if not isinstance(model, EncoderModel):
-            raise InvalidInput(f"{name!r} is not an encoder", "model")
+    def resolve(name: str, version: int | str | None) -> Model:
+        model = worker.model(name, version)
         timer.model = (model.name, model.version)
         return model
 
     def decode() -> tuple[Model, EncodeInput, bool]:
-        return codec.decode_encode(body, worker.settings, encoder)  # bool: answer [seq, d_model] without batch
+        return codec.decode_encode(body, worker.settings, resolve)  # bool: answer [seq, d_model] without batch
 
     job = staged(timer, decode, codec.encode_encode)
     # Never inline what a batcher may hold: it blocks its caller while the batch gathers.

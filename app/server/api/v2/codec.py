@@ -25,7 +25,8 @@ from app.server.api.v2.rules import FIELDS, InferRequest
 from app.settings import Settings
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-REQUEST_FIELDS = ("id", "parameters", "inputs", "outputs")
+# model_name and model_version: KServe's InferenceRESTClient sends them in the body, beside the URL's.
+REQUEST_FIELDS = ("id", "model_name", "model_version", "parameters", "inputs", "outputs")
 __all__ = ["FIELDS", "HEADER_LENGTH", "EncodedResponse", "InferRequest", "decode", "encode"]
 
 
@@ -59,6 +60,7 @@ def decode(body: bytearray, header_length: str | None, model: Model, settings: S
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput(f"expected a string, got {shown(request_id)}", "id")
+    _same_model(doc, model)
     params = rules.parameters(doc.get("parameters"), model)
     # bytearray.find scans in place; `in` on a memoryview would compare single bytes.
     # Arrays the fast path parsed hold numbers only; the header is scanned for true/false only for lists.
@@ -68,7 +70,19 @@ def decode(body: bytearray, header_length: str | None, model: Model, settings: S
     tensors, datatype = _inputs(doc.get("inputs"), binary, model, settings, may_hold_bools)
     outputs = _requested_outputs(doc.get("outputs"), model, params.get("binary_data_output", False))
     check_unique_keys(body, len(head))  # last, when the header is known to hold only numbers besides the fields
-    return InferRequest(request_id, model.from_tensors(tensors, params, FIELDS), datatype, outputs)
+    data_plane = model.from_tensors(tensors, params, FIELDS)
+    return InferRequest(request_id, data_plane, datatype, outputs, rules.ignored(params, model))
+
+
+def _same_model(doc: dict[str, Any], model: Model) -> None:
+    """A body's model_name / model_version must name the model the URL chose (an empty version: any)."""
+    name, version = doc.get("model_name"), doc.get("model_version")
+    if name is not None and name != model.name:
+        raise InvalidInput(f"{shown(name)} is not the model of the URL, {model.name!r}", "model_name")
+    if version not in (None, "") and str(version) != model.version:
+        raise InvalidInput(
+            f"{shown(version)} is not the version that serves this request, {model.version}", "model_version"
+        )
 
 
 def _split(body: bytearray, header_length: str | None) -> tuple[memoryview, memoryview]:
@@ -169,6 +183,8 @@ def encode(model: Model, req: InferRequest, result: Any, accept_encoding: str | 
     doc: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
     if req.id is not None:
         doc["id"] = req.id
+    if req.ignored:
+        doc["parameters"] = {"ignored_parameters": ",".join(req.ignored)}
     doc["outputs"] = outputs
     header = dumps(doc)
     headers: dict[str, str] = {}

@@ -24,11 +24,12 @@ from app.server.worker import INLINE_BODY_BYTES, Worker, staged
 
 router = APIRouter(tags=["v2"], route_class=DirectRoute)  # no dependency solving
 
-EXTENSIONS = ["binary_tensor_data", "parameters", "statistics"]
+EXTENSIONS = ["binary_tensor_data", "parameters", "statistics", "model_repository", "model_configuration"]
 STREAM_BYTES = 1 << 20  # answers above this go out in slices of this size
 
 
 @router.get("/v2", **openapi.V2_SERVER)
+@router.get("/v2/", include_in_schema=False)  # as /v2: a redirect's absolute location is wrong behind TLS ingress
 async def server_metadata() -> Response:
     """Server name, version and the protocol extensions it supports."""
     return json_response({"name": "normserve", "version": __version__, "extensions": EXTENSIONS})
@@ -38,7 +39,7 @@ async def server_metadata() -> Response:
 @router.get("/v2/models/stats", **openapi.V2_ALL_STATS)
 async def all_model_stats(worker: Worker) -> Response:
     """Triton statistics of every model."""
-    models = [(m.name, m.version) for m in worker.runtime.models.values()]
+    models = [(m.name, m.version) for m in worker.runtime.models]
     return json_response(worker.statistics.report(models))
 
 

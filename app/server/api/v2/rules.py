@@ -9,6 +9,7 @@ outputs, a finite result) lives here alone and reads the same whichever transpor
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,9 @@ from app.core.tensors import DATATYPES, check_finite, check_shape, decode_binary
 from app.errors import InvalidInput, shown
 from app.settings import Settings
 
+MISSPELT_RATIO = 0.6  # difflib's: "epsilon" vs "eps" is 0.6, "eps_mod" vs "eps_mode" 0.93, "content_type" vs "eps" 0.13
+# Tensor parameters that clients add and no model reads: KServe's and MLServer's codecs send content_type.
+IGNORED_TENSOR_PARAMETERS = ("content_type",)
 # Parameters of the protocol itself (tritonclient's reserved names): accepted, and only the first is used.
 PROTOCOL_PARAMETERS = ("binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
 # The data plane's fields as V2 names them: tensors are inputs, the small fields request parameters.
@@ -42,23 +46,43 @@ class InferRequest:
     input: Any  # the data plane's input, built by the model's kind (checked)
     datatype: str  # of `input`: every output is sent in it
     outputs: list[tuple[str, bool]]  # the outputs to send, in order, and whether each goes binary (HTTP)
+    ignored: tuple[str, ...] = ()  # request parameters no model reads: answered back in the response's parameters
 
 
 def parameters(raw: Any, model: Model) -> dict[str, Any]:
-    """The request's parameters: only the model's own and the protocol's names."""
+    """The request's parameters. Names the model does not read are accepted and ignored, as Triton's backends
+    ignore what they do not know (clients add their own: KServe's codecs, Triton's forwarding), and listed
+    back by `ignored`; but a name close to one the model reads (`epsilon`, `Eps`) is refused: a misspelt
+    eps must never silently leave the default in place."""
     params = {} if raw is None else raw
     if not isinstance(params, dict):
         raise InvalidInput(f"expected an object, got {shown(params)}", "parameters")
     for name, value in params.items():
         if name not in model.parameters and name not in PROTOCOL_PARAMETERS:
-            known = ", ".join((*model.parameters, *PROTOCOL_PARAMETERS))
-            raise InvalidInput(f"unknown parameter for model {model.name!r}; expected one of {known}", name)
+            _not_misspelt(name, model)
         if name == "binary_data_output" and not isinstance(value, bool):
             raise InvalidInput(f"expected true or false, got {shown(value)}", "parameters.binary_data_output")
         # Accepted and unused, but still the protocol's parameter values (the model's own are checked as they are read).
         if name in PROTOCOL_PARAMETERS and not isinstance(value, bool | int | float | str):
             raise InvalidInput(f"expected a boolean, number or string, got {shown(value)}", f"parameters.{name}")
     return params
+
+
+def ignored(params: Mapping[str, Any], model: Model) -> tuple[str, ...]:
+    """The request parameters that changed nothing: answered back, so that a client can see they were unused."""
+    return tuple(sorted(n for n in params if n not in model.parameters and n not in PROTOCOL_PARAMETERS))
+
+
+def _not_misspelt(name: str, model: Model) -> None:
+    squashed = name.lower().replace("-", "_")
+    for known in model.parameters:
+        close = difflib.SequenceMatcher(None, squashed, known).ratio() >= MISSPELT_RATIO
+        if squashed == known or close or (len(squashed) > 2 and known.startswith(squashed)):
+            raise InvalidInput(
+                f"unknown parameter for model {model.name!r}; did you mean {known!r}? "
+                f"(it reads {', '.join(model.parameters)}; other names are ignored)",
+                f"parameters.{name}",
+            )
 
 
 def input_spec(name: Any, index: int, model: Model, given: Container[str]) -> TensorSpec:
@@ -93,9 +117,14 @@ def tensor_header(spec: TensorSpec, datatype: Any, shape: Any, settings: Setting
 def tensor_parameters(params: Any, spec: TensorSpec, allowed: tuple[str, ...]) -> dict[str, Any]:
     """An input's own parameters: only the allowed names (HTTP: binary_data_size; gRPC: none)."""
     params = {} if params is None else params  # not `or`: [], 0, "" and false are not objects
-    if not isinstance(params, dict) or any(k not in allowed for k in params):
-        only = f"; only {' or '.join(allowed)} is" if allowed else ""
-        raise InvalidInput(f"parameters {shown(params)} are not supported{only}", f"inputs.{spec.name}")
+    known = (*allowed, *IGNORED_TENSOR_PARAMETERS)
+    if not isinstance(params, dict) or any(k not in known for k in params):
+        raise InvalidInput(
+            f"parameters {shown(params)} are not supported; only {' or '.join(known)} is", f"inputs.{spec.name}"
+        )
+    for name in IGNORED_TENSOR_PARAMETERS:
+        if name in params and not isinstance(params[name], str):
+            raise InvalidInput(f"expected a string, got {shown(params[name])}", f"inputs.{spec.name}.parameters.{name}")
     return params
 
 

@@ -1,0 +1,195 @@
+"""Model control, as Triton's: which versions of which models a worker serves, changed without a restart.
+
+`none` loads every model of the repository at start; `explicit` loads NORMSERVE_STARTUP_MODELS at
+start and then what the repository API asks (load, unload); `poll` loads everything at start and
+then follows the folder, every NORMSERVE_POLL_INTERVAL_S. In every mode a load builds and warms up
+each version its version_policy selects before it takes traffic, and retires the versions the
+policy no longer selects only once the new ones serve; a failed load changes nothing that serves.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from pathlib import Path
+
+from app.core.model import Model, ModelLoadError
+from app.core.repository import LegacyLayout, PolicyError, Repository
+from app.core.runtime import LOADING, READY, UNAVAILABLE, Runtime, State
+from app.errors import ModelControlDisabled, ModelLoadFailed, ModelNotFound
+from app.server import metrics
+
+log = logging.getLogger("normserve.models")
+LOAD_ERRORS = (ModelLoadError, PolicyError, OSError, ValueError, KeyError, TypeError)
+Stamp = tuple[tuple[str, int, int], ...]  # (file, size, mtime_ns) of every file of a model's folder
+
+
+def stamp(folder: Path) -> Stamp:
+    """What poll compares between scans: a file written, replaced or removed changes it."""
+    files = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            st = path.stat()
+            files.append((str(path.relative_to(folder)), st.st_size, st.st_mtime_ns))
+    return tuple(files)
+
+
+class ModelControl:
+    """Loads, unloads and polls one worker's models; the Runtime holds what serves."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.repository: Repository = runtime.repository
+        self._stamps: dict[str, Stamp] = {}  # what each model's folder was when it was last loaded or tried
+
+    def check_explicit(self, action: str, name: str) -> None:
+        """Loads and unloads through the repository API only in explicit mode: 403 naming the setting."""
+        mode = self.runtime.settings.model_control
+        if mode != "explicit":
+            raise ModelControlDisabled(
+                f"cannot {action} model {name!r}: NORMSERVE_MODEL_CONTROL is {mode!r}; the repository API loads "
+                "and unloads models only with NORMSERVE_MODEL_CONTROL=explicit"
+            )
+
+    def startup_names(self) -> list[str]:
+        """The models loaded at start: all of them, or in explicit mode NORMSERVE_STARTUP_MODELS."""
+        settings = self.runtime.settings
+        self.repository.check_layout()
+        names = self.repository.names()
+        if settings.model_control != "explicit" or settings.startup_models.strip() == "*":
+            return names
+        wanted = [n.strip() for n in settings.startup_models.split(",") if n.strip()]
+        if missing := [n for n in wanted if n not in names]:
+            raise ModelLoadError(f"NORMSERVE_STARTUP_MODELS names {', '.join(missing)}: not in the repository")
+        return wanted
+
+    def build(self, name: str, reload: Collection[int] = ()) -> list[Model]:
+        """Every version of a model that its policy selects and that does not serve yet (or is to be reloaded),
+        built, not warmed up."""
+        folder = self.repository.folder(name)
+        self._stamps[name] = stamp(folder)
+        policy = self.repository.policy(name)
+        serving = self.runtime.serving.get(name, {})
+        built = []
+        for version in policy.select(self.repository.versions(name)) or self._none_selected(name):
+            if version in serving and version not in reload:
+                continue
+            self.runtime.states[name, version] = State(LOADING)
+            try:
+                built.append(self.runtime.build(name, version, policy))
+            except LOAD_ERRORS as e:
+                self._failed(name, version, e, built)
+                raise
+        return built
+
+    def _none_selected(self, name: str) -> list[int]:
+        raise ModelLoadError(f"{self.repository.folder(name)}: no version that its version_policy selects")
+
+    def warm_up(self, models: list[Model]) -> dict[tuple[str, str], tuple[float, float]]:
+        """The parity warm-up of each built version, then it serves: (max abs diff, tolerance) by (name, version)."""
+        figures = {}
+        for model in models:
+            try:
+                diff, atol = self.runtime.warm_up(model)
+            except LOAD_ERRORS as e:
+                self._failed(model.name, int(model.version), e, models)
+                raise
+            figures[model.name, model.version] = diff, atol
+        for model in models:  # only once every one passed: a model's versions change together
+            self._publish(model, figures[model.name, model.version][0])
+        return figures
+
+    def load(self, name: str, reload: Collection[int] = ()) -> list[Model]:
+        """Load a model's selected versions, then retire the others. ModelLoadFailed (400) if any fails.
+
+        A version in `reload` is built again though it serves; the new one replaces it once warmed up."""
+        with self.runtime.lock:
+            try:
+                models = self.build(name, reload)
+                self.warm_up(models)
+            except ModelNotFound:
+                raise
+            except LOAD_ERRORS as e:
+                raise ModelLoadFailed(f"failed to load model {name!r}: {e}") from None
+            selected = {int(m.version) for m in models} | self._selected_serving(name)
+            for version in sorted(set(self.runtime.serving.get(name, {})) - selected):
+                self._retire(name, version, "not selected by the version_policy any more")
+            return models
+
+    def _selected_serving(self, name: str) -> set[int]:
+        selected = set(self.repository.policy(name).select(self.repository.versions(name)))
+        return selected & set(self.runtime.serving.get(name, {}))
+
+    def unload(self, name: str) -> list[int]:
+        """Retire every version of a model: requests already holding one finish on it. The versions retired."""
+        with self.runtime.lock:
+            versions = sorted(self.runtime.serving.get(name, {}))
+            if not versions:
+                self.repository.folder(name)  # 404 for a name the repository does not have
+            for version in versions:
+                self._retire(name, version, "unloaded")
+            return versions
+
+    def poll(self) -> None:
+        """Follow the folder: load what changed or appeared, unload what disappeared; failures are logged."""
+        on_disk = set(self.repository.names())
+        for name in sorted(set(self.runtime.serving) - on_disk):
+            log.info("model %s: folder removed; unloading", name, extra={"model": name})
+            self.unload(name)
+        for name in sorted(on_disk):
+            if self._stamps.get(name) == stamp(self.repository.root / name):
+                continue  # unchanged since it was loaded, or since its load failed
+            try:
+                self.load(name, reload=self._changed_serving(name))
+            except (ModelLoadFailed, ModelNotFound) as e:
+                log.error("poll: %s", e, extra={"model": name})
+
+    def _changed_serving(self, name: str) -> list[int]:
+        """Serving versions whose files changed in place: reloaded, as Triton's poll mode does."""
+        before = {f for f in self._stamps.get(name, ())}
+        now = set(stamp(self.repository.root / name))
+        changed = {f[0].split("/")[0] for f in before ^ now}
+        return [v for v in self.runtime.serving.get(name, {}) if str(v) in changed]
+
+    def index(self) -> list[dict[str, str]]:
+        """Every version in the folder and every serving one, with its state: Triton's repository index."""
+        rows = []
+        names = set(self.runtime.serving) | set(self.repository.names())
+        for name in sorted(names):
+            try:
+                versions = set(self.repository.versions(name))
+            except (ModelNotFound, OSError):
+                versions = set()
+            for version in sorted(versions | set(self.runtime.serving.get(name, {}))):
+                state = self.runtime.states.get((name, version), State(UNAVAILABLE, "not loaded"))
+                rows.append({"name": name, "version": str(version), "state": state.state, "reason": state.reason})
+        return rows
+
+    def _publish(self, model: Model, diff: float) -> None:
+        self.runtime.publish(model)
+        metrics.record_model(model.name, model.version, model.load_seconds, diff)
+        log.info(
+            "loaded model %s version %s (sha256 %s...) in %.3f s; parity warm-up max abs diff %.2e",
+            *(model.name, model.version, model.sha256[:12], model.load_seconds, diff),
+            extra={"model": model.name, "version": model.version, "sha256": model.sha256},
+        )
+
+    def _retire(self, name: str, version: int, reason: str) -> None:
+        if self.runtime.retire(name, version, reason) is not None:
+            metrics.record_unload(name, str(version))
+            log.info("unloaded model %s version %s: %s", name, version, reason, extra={"model": name})
+
+    def _failed(self, name: str, version: int, error: Exception, others: list[Model]) -> None:
+        """The version's state says why; the versions loaded with it do not serve either (they change together)."""
+        for model in others:
+            if model.version != str(version) and int(model.version) not in self.runtime.serving.get(name, {}):
+                self.runtime.states[name, int(model.version)] = State(UNAVAILABLE, f"version {version} failed")
+        if version in self.runtime.serving.get(name, {}):  # a reload: the version loaded before goes on serving
+            self.runtime.states[name, version] = State(READY, f"reload failed; the previous files serve: {error}")
+        else:
+            self.runtime.states[name, version] = State(UNAVAILABLE, str(error))
+        metrics.record_load_failure(name, str(version))
+        log.error("model %s version %s failed to load: %s", name, version, error, extra={"model": name})
+
+
+__all__ = ["LegacyLayout", "ModelControl", "stamp"]

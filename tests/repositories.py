@@ -1,0 +1,58 @@
+"""Model repositories for tests: copies of the repo's models/, new versions, and learned LayerNorms made by hand.
+
+A learned LayerNorm is the default layernorm graph plus weights.npz (gamma, beta) and a config with
+normalized_shape and eps, exactly what `normserve export layernorm` writes, but made without torch so
+that server tests need no export extra.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from tests.live_server import MODELS
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def copy_models(target: Path, names: tuple[str, ...] = ("layernorm", "encoder", "encoder-preln")) -> Path:
+    """The repo's default models (version 1 each) copied into target."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copytree(MODELS / name, target / name)
+    return target
+
+
+def add_version(root: Path, name: str, version: int, source: int = 1) -> Path:
+    """A copy of a version as a new one, its manifest saying so; written in a sibling folder, then renamed."""
+    tmp = root / name / f".{version}-tmp"
+    shutil.copytree(root / name / str(source), tmp)
+    manifest = json.loads((tmp / "manifest.json").read_text())
+    (tmp / "manifest.json").write_text(json.dumps(manifest | {"version": version}, indent=2))
+    tmp.rename(root / name / str(version))
+    return root / name / str(version)
+
+
+def learned_layernorm(
+    root: Path, name: str, version: int, gamma: np.ndarray, beta: np.ndarray, eps: float = 1e-5
+) -> Path:
+    """A learned LayerNorm of normalized_shape gamma.shape, as `normserve export layernorm` lays it out."""
+    folder = root / name / str(version)
+    folder.mkdir(parents=True)
+    shutil.copyfile(MODELS / "layernorm/1/model.onnx", folder / "model.onnx")
+    np.savez(folder / "weights.npz", gamma=gamma.astype(np.float32), beta=beta.astype(np.float32))
+    manifest = json.loads((MODELS / "layernorm/1/manifest.json").read_text())
+    manifest |= {
+        "name": name,
+        "version": version,
+        "config": {"normalized_shape": list(gamma.shape), "eps": eps},
+        "files": {f: sha256(folder / f) for f in ("model.onnx", "weights.npz")},
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return folder
