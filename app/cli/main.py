@@ -67,7 +67,7 @@ COMMANDS = {"export": export, "serve": _serve, "validate": _validate, "models": 
 
 USAGE = """usage: normserve {export,serve,validate,models,bench} [--help]
 
-  export    export the models to ONNX with manifest.json and parity figures
+  export    export the default models, or a trained encoder or layernorm of yours, into the model repository
   serve     serve /normalize, /encode and the V2 protocol (exports first if needed)
   validate  run every model against the NumPy reference and print a parity table
   models    list, load and unload a running server's models; migrate the old models/ layout

@@ -1,14 +1,19 @@
-"""Export the LayerNorm and encoder models to ONNX, check them three ways, and write them with a manifest."""
+"""Export models to ONNX into the model repository, each checked three ways (ONNX, PyTorch, NumPy) before it lands.
+
+`normserve export` writes the three default models as version 1 of each (replacing it);
+`normserve export encoder|layernorm --name NAME` writes a user's trained model as the next version
+of NAME. Every version is staged and renamed into place whole (app/export/versions.py), and only
+once every model of the command has passed onnx.checker and parity: otherwise nothing lands.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
-import shutil
 import sys
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +26,14 @@ import app
 from app.core import encoder as encoder_kind
 from app.core import layernorm as layernorm_kind
 from app.core.reference import EncoderConfig, layer_norm_names
-from app.export import graph, options, parity
+from app.core.repository import MANIFEST, MODEL_FILE, WEIGHTS_FILE
+from app.export import graph, options, parity, versions
+from app.export.checkpoints import check_config, load_encoder, load_layernorm
 from app.export.graph import ExportError
 from app.export.modules import CheckpointError, Encoder, RowLayerNorm, load_checkpoint, seeded_encoder
 
-FORMAT_VERSION = 1
 MIN_OPSET = 18
+DEFAULT_VERSION = 1  # the default models are always version 1: a re-export replaces it
 
 Progress = Callable[[str], None]
 
@@ -35,8 +42,18 @@ class ParityError(ExportError):
     """ONNX outputs that differ from PyTorch or the NumPy reference beyond the tolerance."""
 
 
-def export_models(
-    out_dir: Path,
+@dataclasses.dataclass(frozen=True)
+class Exported:
+    """One version written: where, and its manifest.json as written."""
+
+    name: str
+    version: int
+    folder: Path
+    manifest: dict[str, Any]
+
+
+def export_defaults(
+    repository: Path,
     *,
     checkpoint: Path | None = None,
     checkpoint_preln: Path | None = None,
@@ -45,91 +62,156 @@ def export_models(
     opset: int = 18,
     tolerance: float = 1e-4,
     progress: Progress | None = None,
-) -> dict[str, Any]:
-    """Export layernorm, encoder (post-LN) and encoder-preln into out_dir with manifest.json; return the manifest.
+) -> list[Exported]:
+    """layernorm, encoder (post-LN) and encoder-preln as version 1 each, replacing it; all or none land.
 
-    Everything is written to a temporary directory first and moved into out_dir only once every model has
-    passed onnx.checker and ORT-vs-torch and ORT-vs-NumPy parity; otherwise out_dir is left untouched.
-    checkpoint / checkpoint_preln are state_dict files for the two encoders (default: seeded weights).
+    checkpoint / checkpoint_preln are state_dict files of normserve's Encoder (default: seeded weights).
     """
     say = progress or (lambda _message: None)
-    _check_config(config, opset)
+    _check_opset(opset)
+    check_config(config)
     encoders = {
-        "encoder": _build_encoder(dataclasses.replace(config, norm_first=False), checkpoint, seed),
-        "encoder-preln": _build_encoder(dataclasses.replace(config, norm_first=True), checkpoint_preln, seed),
+        "encoder": _default_encoder(dataclasses.replace(config, norm_first=False), checkpoint, seed),
+        "encoder-preln": _default_encoder(dataclasses.replace(config, norm_first=True), checkpoint_preln, seed),
     }
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    # A sibling of out_dir, so that the final os.replace stays on one filesystem.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-export-", dir=out_dir.parent))
-    try:
-        models = {"layernorm": _export_layernorm(tmp, opset, tolerance, say)}
+    root = Path(repository)
+    with _writing(root, say), contextlib.ExitStack() as stack:
+        staged = {name: stack.enter_context(versions.staging(root, name)) for name in ("layernorm", *encoders)}
+        manifests = {"layernorm": _build_layernorm(staged["layernorm"], "layernorm", None, opset, tolerance, say)}
         for name, model in encoders.items():
-            models[name] = _export_encoder(tmp, name, model, opset, tolerance, say)
-        manifest = _write_manifest(tmp, models)
-        graph.move_into_place(tmp, out_dir)
-        say(f"wrote {', '.join(models)} and manifest.json to {out_dir}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return manifest
+            manifests[name] = _build_encoder(staged[name], name, model, opset, tolerance, say)
+        exported = [_commit(root, name, staged[name], m, DEFAULT_VERSION) for name, m in manifests.items()]
+    say(f"wrote {', '.join(f'{e.name}/{e.version}' for e in exported)} to {root}")
+    return exported
 
 
-def _write_manifest(tmp: Path, models: dict[str, Any]) -> dict[str, Any]:
-    versions = {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": ort.__version__}
-    versions["numpy"] = np.__version__
-    manifest = {"format_version": FORMAT_VERSION, "normserve": app.__version__, "versions": versions, "models": models}
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return manifest
+def export_encoder(
+    repository: Path,
+    name: str,
+    checkpoint: Path,
+    *,
+    sizes: Mapping[str, Any] | None = None,
+    opset: int = 18,
+    tolerance: float = 1e-4,
+    progress: Progress | None = None,
+) -> Exported:
+    """A trained encoder (normserve's or torch.nn.TransformerEncoder's state_dict) as the next version of name.
+
+    sizes: EncoderConfig fields given by flags; the others are read from the checkpoint (see checkpoints.py).
+    """
+    say = progress or (lambda _message: None)
+    _check_opset(opset)
+    model = load_encoder(Path(checkpoint), sizes or {})
+    root = Path(repository)
+    with _writing(root, say), versions.staging(root, name) as folder:
+        manifest = _build_encoder(folder, name, model, opset, tolerance, say)
+        return _commit(root, name, folder, manifest, None)
 
 
-def _check_config(cfg: EncoderConfig, opset: int) -> None:
+def export_layernorm(
+    repository: Path,
+    name: str,
+    checkpoint: Path,
+    *,
+    eps: float = options.DEFAULT_EPS,
+    opset: int = 18,
+    tolerance: float = 1e-4,
+    progress: Progress | None = None,
+) -> Exported:
+    """A trained torch.nn.LayerNorm as the next version of name: the default graph, with its gamma, beta and eps."""
+    say = progress or (lambda _message: None)
+    _check_opset(opset)
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps}")
+    gamma, beta = load_layernorm(Path(checkpoint))
+    module = torch.nn.LayerNorm(gamma.shape, eps=eps, bias=True)
+    with torch.no_grad():
+        module.weight.copy_(torch.from_numpy(gamma))
+        module.bias.copy_(torch.from_numpy(beta))
+    root = Path(repository)
+    with _writing(root, say), versions.staging(root, name) as folder:
+        manifest = _build_layernorm(folder, name, module.eval(), opset, tolerance, say)
+        return _commit(root, name, folder, manifest, None)
+
+
+@contextlib.contextmanager
+def _writing(root: Path, say: Progress) -> Iterator[None]:
+    """The repository ready (created, or migrated from the old layout); a repository this created goes if it fails."""
+    created = not root.exists()
+    versions.prepare(root, say)
+    try:
+        yield
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                root.rmdir()  # only when empty: the staged folders are gone by now
+        raise
+
+
+def _commit(root: Path, name: str, folder: Path, manifest: dict[str, Any], version: int | None) -> Exported:
+    version = versions.commit(root, name, folder, manifest, version)
+    target = root / name / str(version)
+    return Exported(name, version, target, json.loads((target / MANIFEST).read_text()))
+
+
+def _check_opset(opset: int) -> None:
     if opset < MIN_OPSET:  # torch 2.13 builds opset-18 graphs; converted down, Split keeps an opset-18 attribute
         raise ValueError(f"opset {opset} is not supported: torch {torch.__version__} exports {MIN_OPSET} or newer")
-    if cfg.d_model % 2 or cfg.d_model % cfg.num_heads:
-        raise ValueError(f"d_model {cfg.d_model} must be even and divisible by num_heads {cfg.num_heads}")
-    if min(cfg.d_ff, cfg.num_layers) < 1 or cfg.max_sequence_length < 2 or cfg.eps <= 0:
-        raise ValueError(f"d_ff, num_layers and eps must be positive and max_sequence_length at least 2: {cfg}")
 
 
-def _build_encoder(cfg: EncoderConfig, checkpoint: Path | None, seed: int) -> Encoder:
+def _default_encoder(cfg: EncoderConfig, checkpoint: Path | None, seed: int) -> Encoder:
     model = seeded_encoder(cfg, seed)
     if checkpoint is not None:
         load_checkpoint(model, checkpoint)
     return model
 
 
-def _export_layernorm(tmp: Path, opset: int, tolerance: float, say: Progress) -> dict[str, Any]:
-    say(f"exporting layernorm (opset {opset}) ...")
+def _build_layernorm(
+    folder: Path, name: str, learned: torch.nn.LayerNorm | None, opset: int, tolerance: float, say: Progress
+) -> dict[str, Any]:
+    """The one layernorm graph (gamma, beta and eps are inputs); a learned one adds weights.npz and its eps."""
+    shape = "" if learned is None else f", normalized_shape {list(learned.normalized_shape)}"
+    say(f"exporting {name} (layernorm{shape}, opset {opset}) ...")
     module = RowLayerNorm().eval()
     example = (torch.zeros(4, 8), torch.ones(8), torch.zeros(8), torch.full((4, 1), 1e-5), torch.zeros(4, 1))
     proto = graph.to_onnx(module, example, layernorm_kind.INPUTS, layernorm_kind.OUTPUTS, {}, opset)
-    entry = graph.write_onnx(tmp, "layernorm", "layernorm", proto)
-    session = graph.load_session(tmp / entry["file"], layernorm_kind.INPUTS, layernorm_kind.OUTPUTS)
-    entry["config"] = {}
-    entry["parity"] = _check_parity("layernorm", *parity.layernorm_parity(session, module), tolerance, say)
-    return entry
+    manifest = {"kind": "layernorm", **graph.write_onnx(folder, proto), **_provenance()}
+    session = graph.load_session(folder / MODEL_FILE, layernorm_kind.INPUTS, layernorm_kind.OUTPUTS)
+    if learned is None:
+        manifest["config"] = {}
+        figures = parity.layernorm_parity(session, module)
+    else:
+        gamma, beta = (p.detach().numpy() for p in (learned.weight, learned.bias))
+        graph.save_npz(folder / WEIGHTS_FILE, {"gamma": gamma, "beta": beta})
+        manifest["config"] = {"normalized_shape": list(learned.normalized_shape), "eps": learned.eps}
+        figures = parity.learned_layernorm_parity(session, learned, gamma, beta)
+    manifest["parity"] = _check_parity(name, *figures, tolerance, say)
+    return manifest
 
 
-def _export_encoder(
-    tmp: Path, name: str, model: Encoder, opset: int, tolerance: float, say: Progress
+def _build_encoder(
+    folder: Path, name: str, model: Encoder, opset: int, tolerance: float, say: Progress
 ) -> dict[str, Any]:
     cfg = model.cfg
-    say(f"exporting {name} ({'pre' if cfg.norm_first else 'post'}-LN, opset {opset}) ...")
+    say(f"exporting {name} ({'pre' if cfg.norm_first else 'post'}-LN, d_model {cfg.d_model}, opset {opset}) ...")
     # Example sizes above 1 on both axes: torch.export specializes dims it sees as 0 or 1.
     T = min(5, cfg.max_sequence_length)
     example = (torch.zeros(2, T, cfg.d_model), torch.zeros(2, T, dtype=torch.bool))
     inputs, outputs = encoder_kind.signature(cfg)
     proto = graph.to_onnx(model, example, inputs, outputs, {"seq": cfg.max_sequence_length}, opset)
-    entry = graph.write_onnx(tmp, name, "encoder", proto)
-    session = graph.load_session(tmp / entry["file"], inputs, outputs)
+    manifest = {"kind": "encoder", **graph.write_onnx(folder, proto), **_provenance()}
+    session = graph.load_session(folder / MODEL_FILE, inputs, outputs)
     weights = {key: value.detach().numpy() for key, value in model.state_dict().items()}
-    weights_file = tmp / f"{name}.npz"
-    graph.save_npz(weights_file, weights)
-    entry["config"] = dataclasses.asdict(cfg)
-    entry["weights"] = {"file": weights_file.name, "sha256": graph.sha256(weights_file)}
-    entry["layer_norms"] = layer_norm_names(cfg)
-    entry["parity"] = _check_parity(name, *parity.encoder_parity(session, model, weights), tolerance, say)
-    return entry
+    graph.save_npz(folder / WEIGHTS_FILE, weights)
+    manifest["config"] = dataclasses.asdict(cfg)
+    manifest["layer_norms"] = layer_norm_names(cfg)
+    manifest["parity"] = _check_parity(name, *parity.encoder_parity(session, model, weights), tolerance, say)
+    return manifest
+
+
+def _provenance() -> dict[str, Any]:
+    versions = {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": ort.__version__}
+    return {"normserve": app.__version__, "versions": versions | {"numpy": np.__version__}}
 
 
 def _check_parity(
@@ -150,22 +232,43 @@ def main(argv: Sequence[str] | None = None, progress: Progress | None = None) ->
 
 
 def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
-    """main on flags already parsed (by app.export.options, which the CLI reads before torch is imported)."""
+    """main on flags already parsed (by app.export.options, which the CLI reads before torch is imported).
+
+    Prints `exported NAME version V to FOLDER` on stdout for each version written.
+    """
+    say = progress or (lambda message: print(message, file=sys.stderr, flush=True))
+    common = {"opset": args.opset, "tolerance": args.tolerance, "progress": say}
     try:
-        export_models(
-            args.out_dir,
-            checkpoint=args.checkpoint,
-            checkpoint_preln=args.checkpoint_preln,
-            config=options.config(args),
-            seed=args.seed,
-            opset=args.opset,
-            tolerance=args.tolerance,
-            progress=progress or (lambda message: print(message, file=sys.stderr, flush=True)),
-        )
+        if args.kind == "encoder":
+            sizes = options.encoder_sizes(args)
+            exported = [export_encoder(args.repository, args.name, args.checkpoint, sizes=sizes, **common)]
+        elif args.kind == "layernorm":
+            exported = [export_layernorm(args.repository, args.name, args.checkpoint, eps=args.eps, **common)]
+        else:
+            exported = export_defaults(
+                args.repository,
+                checkpoint=args.checkpoint,
+                checkpoint_preln=args.checkpoint_preln,
+                config=options.config(args),
+                seed=args.seed,
+                **common,
+            )
     except (ExportError, ValueError, OSError) as e:  # CheckpointError is a ValueError
         print(f"normserve export: error: {e}", file=sys.stderr)
         return 1
+    for done in exported:
+        print(f"exported {done.name} version {done.version} to {done.folder}", flush=True)
     return 0
 
 
-__all__ = ["CheckpointError", "ExportError", "ParityError", "export_models", "main", "run"]
+__all__ = [
+    "CheckpointError",
+    "ExportError",
+    "Exported",
+    "ParityError",
+    "export_defaults",
+    "export_encoder",
+    "export_layernorm",
+    "main",
+    "run",
+]

@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import io
 import logging
-import os
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ import torch
 from torch import nn
 
 from app.core.model import Signature
+from app.core.repository import MODEL_FILE
 
 _DATATYPES: dict[int, str] = {onnx.TensorProto.FLOAT: "FP32", onnx.TensorProto.BOOL: "BOOL"}
 
@@ -97,16 +97,11 @@ def _quiet_torch_export() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def write_onnx(tmp: Path, name: str, kind: str, proto: onnx.ModelProto) -> dict[str, Any]:
-    path = tmp / f"{name}.onnx"
-    path.write_bytes(proto.SerializeToString())
+def write_onnx(folder: Path, proto: onnx.ModelProto) -> dict[str, Any]:
+    """Write folder/model.onnx; returns the manifest's fields about it: opset, inputs and outputs."""
+    (folder / MODEL_FILE).write_bytes(proto.SerializeToString())
     opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     return {
-        "name": name,
-        "version": "1",
-        "kind": kind,
-        "file": path.name,
-        "sha256": sha256(path),
         "opset": opset,
         "inputs": [_tensor_spec(v) for v in proto.graph.input],
         "outputs": [_tensor_spec(v) for v in proto.graph.output],
@@ -139,10 +134,3 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def move_into_place(tmp: Path, out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # The manifest goes last: it vouches for the files, so they must be in place before it is.
-    for path in sorted(tmp.iterdir(), key=lambda p: (p.name == "manifest.json", p.name)):
-        os.replace(path, out_dir / path.name)

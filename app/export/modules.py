@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from app.core.reference import MASKED_SCORE, EncoderConfig, positional_encoding
 
+Rename = Callable[[str], str]  # a key of normserve's state_dict -> the checkpoint's name for it
 Stats = list[tuple[Tensor, Tensor]]  # (mean (B,T), std (B,T)) of each LayerNorm's input, in execution order
 
 
@@ -159,6 +160,11 @@ def seeded_encoder(cfg: EncoderConfig, seed: int = 0) -> Encoder:
 
 def load_checkpoint(model: nn.Module, path: Path) -> None:
     """Load a state_dict file into model strictly, naming every missing, unexpected or misshapen key."""
+    load_state(model, read_state_dict(path), path)
+
+
+def read_state_dict(path: Path) -> dict[str, Tensor]:
+    """A state_dict file, loaded with torch.load(weights_only=True): CheckpointError for anything else."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except OSError:
@@ -171,13 +177,19 @@ def load_checkpoint(model: nn.Module, path: Path) -> None:
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
         kind = type(state).__name__
         raise CheckpointError(f"{path}: expected a state_dict (a mapping of names to tensors), got a {kind}")
-    problems = _state_dict_mismatches(model.state_dict(), state)
+    return dict(state)
+
+
+def load_state(model: nn.Module, state: Mapping[str, Tensor], path: Path, rename: Rename = str) -> None:
+    """Load state into model strictly; rename maps model's keys to the checkpoint's, whose names errors use."""
+    expected = {rename(key): value for key, value in model.state_dict().items()}
+    problems = _state_dict_mismatches(expected, state)
     if problems:
         raise CheckpointError(
             f"{path} does not fit the configured encoder ({'; '.join(problems)}); "
             "check --d-model, --d-ff, --num-layers and the norm placement"
         )
-    model.load_state_dict(state, strict=True)
+    model.load_state_dict({key: state[rename(key)] for key in model.state_dict()}, strict=True)
 
 
 def _state_dict_mismatches(expected: Mapping[str, Tensor], got: Mapping[str, Tensor]) -> list[str]:

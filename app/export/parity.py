@@ -96,6 +96,33 @@ def layernorm_parity(session: ort.InferenceSession, module: RowLayerNorm) -> tup
     return _worst(vs_torch), _worst(vs_numpy), LAYERNORM_DESCRIPTION
 
 
+def learned_layernorm_parity(
+    session: ort.InferenceSession, module: torch.nn.LayerNorm, gamma: np.ndarray, beta: np.ndarray
+) -> tuple[float, float, str]:
+    """A trained nn.LayerNorm: the graph fed its gamma, beta and eps as the server feeds them, vs the module.
+
+    torch gives the output only: the graph's mean and inv_std_dev are checked against the reference.
+    """
+    rng = np.random.default_rng(PARITY_SEED)
+    shape, k, eps = gamma.shape, gamma.ndim, float(module.eps)
+    vs_torch, vs_numpy = [], []
+    for batch, scale in (((5,), 1.0), ((2, 3), 10.0), ((1,), 0.1)):
+        x = (scale * rng.standard_normal((*batch, *shape))).astype(np.float32)
+        case = LayerNormCase(f"learned-{len(batch)}", x, k, eps, "var", gamma, beta)
+        feeds = layernorm_feeds(case)
+        got = session.run(None, feeds)
+        with torch.no_grad():
+            expected = module(torch.from_numpy(x)).numpy().reshape(got[0].shape)
+        vs_torch.append(max_abs_diff(got[:1], [expected]))
+        vs_numpy.append(max_abs_diff(got, layernorm_reference(case, feeds)))
+    dims = ",".join(map(str, shape))
+    description = (
+        f"the checkpoint's gamma and beta and eps {eps:g} (eps_mode var); seeded N(0,1) float32 scaled by 1, 10 "
+        f"and 0.1: [5,{dims}], [2,3,{dims}], [1,{dims}]; torch.nn.LayerNorm for the output"
+    )
+    return _worst(vs_torch), _worst(vs_numpy), description
+
+
 def encoder_cases(d_model: int, max_sequence_length: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """(input (B,T,C) float32, padding_mask (B,T) bool) pairs: a fully padded row, T=1, and T=max."""
     rng = np.random.default_rng(PARITY_SEED)

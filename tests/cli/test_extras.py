@@ -42,9 +42,9 @@ def test_the_base_install_has_no_extra(base_venv: Path) -> None:
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("command", ["export", "serve", "validate", "bench"])
+@pytest.mark.parametrize("command", ["export", "export encoder", "export layernorm", "serve", "validate", "bench"])
 def test_every_commands_help_answers_without_the_extras(base_venv: Path, command: str) -> None:
-    out = normserve(base_venv, command, "--help")
+    out = normserve(base_venv, *command.split(), "--help")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"usage: normserve {command} [-h]")
     assert out.stderr == ""
@@ -68,8 +68,12 @@ def test_the_commands_overview_answers_without_the_extras(base_venv: Path) -> No
             ["export", "--out-dir", "/nonexistent/models", "--d-model", "16"],
             "normserve export: needs the export extra (onnx missing): pip install -e '.[export]'",
         ),
+        (
+            ["export", "layernorm", "--name", "mine", "--checkpoint", "ln.pt"],
+            "normserve export: needs the export extra (onnx missing): pip install -e '.[export]'",
+        ),
     ],
-    ids=["bench", "bench-quick", "export", "export-with-flags"],
+    ids=["bench", "bench-quick", "export", "export-with-flags", "export-layernorm"],
 )
 def test_a_missing_extra_is_one_line_naming_it(base_venv: Path, args: list[str], message: str) -> None:
     out = normserve(base_venv, *args)
@@ -86,8 +90,12 @@ def test_a_missing_extra_is_one_line_naming_it(base_venv: Path, args: list[str],
             "normserve bench: error: unknown sections ['nope']; expected some of floor,codecs,http,batching,memory",
         ),
         (["export", "--d-model", "x"], "normserve export: error: argument --d-model: invalid int value: 'x'"),
+        (
+            ["export", "encoder", "--name", "mine", "--checkpoint", "c.pt"],
+            "normserve export encoder: error: the following arguments are required: --num-heads",
+        ),
     ],
-    ids=["bench", "export"],
+    ids=["bench", "export", "export-encoder"],
 )
 def test_bad_flags_are_refused_before_the_extra_is_asked_for(base_venv: Path, args: list[str], message: str) -> None:
     out = normserve(base_venv, *args)

@@ -21,12 +21,24 @@ SMALL = ["--d-model", "16", "--num-heads", "2", "--d-ff", "32", "--num-layers", 
         (["--help"], ["export", "serve", "validate"]),
         (
             ["export", "--help"],
-            ["--out-dir", "--checkpoint", "--checkpoint-preln", "--d-model", "--num-layers", "--opset"],
+            [
+                "--repository",
+                "--out-dir",
+                "--checkpoint-preln",
+                "--d-model",
+                "--opset",
+                "normserve export encoder --help",
+            ],
         ),
+        (
+            ["export", "encoder", "--help"],
+            ["--name", "--checkpoint", "--num-heads", "--d-model", "--pre-ln", "--eps", "--repository"],
+        ),
+        (["export", "layernorm", "--help"], ["--name", "--checkpoint", "--eps", "--repository", "torch.nn.LayerNorm"]),
         (["serve", "--help"], ["--host", "--port", "--workers", "--model-dir", "PROMETHEUS_MULTIPROC_DIR"]),
         (["validate", "--help"], ["--url", "--model-dir", "--atol", "Exit status"]),
     ],
-    ids=["normserve", "export", "serve", "validate"],
+    ids=["normserve", "export", "export-encoder", "export-layernorm", "serve", "validate"],
 )
 def test_help_exits_0_and_lists_the_options(args: list[str], mentions: list[str]) -> None:
     out = run(*args)
@@ -36,16 +48,20 @@ def test_help_exits_0_and_lists_the_options(args: list[str], mentions: list[str]
 
 
 def test_export_shows_each_step_and_writes_the_models(tmp_path: Path) -> None:
-    out = run("export", "--out-dir", str(tmp_path / "models"), *SMALL)
+    out = run("export", "--repository", str(tmp_path / "models"), *SMALL)
     assert out.returncode == 0, out.stderr
     steps = out.stderr.splitlines()
     assert [line.split("] ")[0] for line in steps] == [f"[{i}" for i in range(1, len(steps) + 1)]  # numbered steps
     for name in ("layernorm", "encoder", "encoder-preln"):
         assert any(f"exporting {name} (" in line for line in steps)
         assert any(f"parity {name}: torch" in line for line in steps)
-    assert "wrote layernorm, encoder, encoder-preln and manifest.json" in steps[-1]
-    manifest = json.loads((tmp_path / "models" / "manifest.json").read_text())
-    assert manifest["models"]["encoder"]["config"]["d_model"] == 16
+    assert steps[-1].endswith(f"wrote layernorm/1, encoder/1, encoder-preln/1 to {tmp_path / 'models'}")
+    assert out.stdout.splitlines() == [
+        f"exported {name} version 1 to {tmp_path / 'models' / name / '1'}"
+        for name in ("layernorm", "encoder", "encoder-preln")
+    ]
+    manifest = json.loads((tmp_path / "models" / "encoder" / "1" / "manifest.json").read_text())
+    assert (manifest["name"], manifest["version"], manifest["config"]["d_model"]) == ("encoder", 1, 16)
 
 
 @pytest.mark.parametrize(
@@ -53,12 +69,17 @@ def test_export_shows_each_step_and_writes_the_models(tmp_path: Path) -> None:
     [
         (["export", "--d-model", "15"], "d_model 15 must be even"),
         (["export", "--checkpoint", "/nonexistent/ckpt.pt"], "/nonexistent/ckpt.pt"),
+        (
+            ["export", "encoder", "--name", "mine", "--checkpoint", "/nonexistent/ckpt.pt", "--num-heads", "2"],
+            "/nonexistent/ckpt.pt",
+        ),
         (["serve"], "NORMSERVE_PORT"),
         (["no-such-command"], "unknown command 'no-such-command'"),
     ],
     ids=[
         "export-bad-config",
         "export-missing-checkpoint",
+        "export-encoder-missing-checkpoint",
         "serve-bad-env",
         "unknown-command",
     ],

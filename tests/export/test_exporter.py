@@ -1,4 +1,7 @@
-"""The exporter end to end on a small config: files, checker, manifest, checkpoints, refusal on failed parity."""
+"""The default models exported end to end on a small config: versions, checker, manifests, checkpoints, refusals.
+
+Users' models (`normserve export encoder|layernorm`) are tested in test_exporter_user_models.py.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import ast
 import dataclasses
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +24,8 @@ import torch
 import app
 from app.core.encoder import output_names
 from app.core.reference import EncoderConfig, layer_norm_names
-from app.export.exporter import ParityError, export_models, main
+from app.core.repository import Repository
+from app.export.exporter import Exported, ParityError, export_defaults, main
 from app.export.modules import CheckpointError, seeded_encoder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,17 +42,26 @@ SMALL_FLAGS = [
     "--max-sequence-length",
     "32",
 ]
-FILES = {"layernorm.onnx", "encoder.onnx", "encoder-preln.onnx", "encoder.npz", "encoder-preln.npz", "manifest.json"}
 ENCODERS = {"encoder": False, "encoder-preln": True}  # name -> norm_first
+NAMES = ["layernorm", *ENCODERS]
+FILES = {
+    "layernorm/1": ["manifest.json", "model.onnx"],
+    "encoder/1": ["manifest.json", "model.onnx", "weights.npz"],
+    "encoder-preln/1": ["manifest.json", "model.onnx", "weights.npz"],
+}
+MANIFEST_KEYS = {"format_version", "name", "version", "kind", "config", "inputs", "outputs", "files", "opset", "parity"}
 
 
 @dataclasses.dataclass
 class Export:
     out: Path
-    manifest: dict[str, Any]
+    exported: list[Exported]
     messages: list[str]
     checkpoint: Path
     checkpoint_model: torch.nn.Module  # the post-LN weights exported from `checkpoint`
+
+    def manifest(self, name: str) -> dict[str, Any]:
+        return next(e.manifest for e in self.exported if e.name == name)
 
 
 @pytest.fixture(scope="module")
@@ -58,69 +72,89 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Export:
     checkpoint = base / "post-ln.pt"
     torch.save(model.state_dict(), checkpoint)
     messages: list[str] = []
-    manifest = export_models(base / "models", checkpoint=checkpoint, config=SMALL, progress=messages.append)
-    return Export(base / "models", manifest, messages, checkpoint, model)
+    done = export_defaults(base / "models", checkpoint=checkpoint, config=SMALL, progress=messages.append)
+    return Export(base / "models", done, messages, checkpoint, model)
 
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_export_writes_every_file_and_leaves_no_temporary_directory(exported: Export) -> None:
-    assert {p.name for p in exported.out.iterdir()} == FILES
+def _listing(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_export_writes_version_1_of_each_model_and_leaves_no_staging_folder(exported: Export) -> None:
+    expected = [*FILES, *(n.split("/")[0] for n in FILES), *(f"{d}/{f}" for d, fs in FILES.items() for f in fs)]
+    assert _listing(exported.out) == sorted(expected)
     assert {p.name for p in exported.out.parent.iterdir()} == {"models", "post-ln.pt"}
+    assert [(e.name, e.version, e.folder) for e in exported.exported] == [(n, 1, exported.out / n / "1") for n in NAMES]
 
 
 def test_progress_reports_each_export_and_parity_figures(exported: Export) -> None:
-    for name in ("layernorm", "encoder", "encoder-preln"):
-        assert any(m.startswith(f"exporting {name} ") for m in exported.messages)
+    for name in NAMES:
+        assert any(m.startswith(f"exporting {name} (") for m in exported.messages)
         assert any(m.startswith(f"parity {name}: torch ") and " numpy " in m for m in exported.messages)
+    assert exported.messages[-1] == f"wrote layernorm/1, encoder/1, encoder-preln/1 to {exported.out}"
 
 
-@pytest.mark.parametrize("name", ["layernorm", "encoder", "encoder-preln"])
+@pytest.mark.parametrize("name", NAMES)
 def test_exported_model_passes_onnx_checker_and_is_self_contained(exported: Export, name: str) -> None:
-    proto = onnx.load(str(exported.out / f"{name}.onnx"))
+    proto = onnx.load(str(exported.out / name / "1" / "model.onnx"))
     onnx.checker.check_model(proto, full_check=True)
     assert all(t.data_location != onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
     assert [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")] == [18]
     assert not any(node.metadata_props for node in proto.graph.node), "stack traces hold paths of this checkout"
 
 
-def test_manifest_on_disk_is_the_returned_one_with_sorted_keys(exported: Export) -> None:
-    text = (exported.out / "manifest.json").read_text()
-    assert json.loads(text) == exported.manifest
-    assert text == json.dumps(exported.manifest, indent=2, sort_keys=True) + "\n"
-    assert exported.manifest["format_version"] == 1
-    assert exported.manifest["normserve"] == app.__version__
-    assert exported.manifest["versions"]["torch"] == torch.__version__
-    assert set(exported.manifest["versions"]) == {"torch", "onnx", "onnxruntime", "numpy"}
+@pytest.mark.parametrize("name", NAMES)
+def test_manifest_on_disk_is_the_returned_one_with_sorted_keys(exported: Export, name: str) -> None:
+    text = (exported.out / name / "1" / "manifest.json").read_text()
+    manifest = exported.manifest(name)
+    assert json.loads(text) == manifest
+    assert text == json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    assert (manifest["format_version"], manifest["name"], manifest["version"]) == (2, name, 1)
+    assert manifest["normserve"] == app.__version__
+    assert manifest["versions"] == {
+        "torch": torch.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": ort.__version__,
+        "numpy": np.__version__,
+    }
 
 
-@pytest.mark.parametrize("name", ["layernorm", "encoder", "encoder-preln"])
-def test_manifest_entry_matches_the_files(exported: Export, name: str) -> None:
-    entry = exported.manifest["models"][name]
-    assert (entry["name"], entry["version"], entry["file"], entry["opset"]) == (name, "1", f"{name}.onnx", 18)
-    assert entry["sha256"] == _sha256(exported.out / entry["file"])
+@pytest.mark.parametrize("name", NAMES)
+def test_manifest_matches_the_files(exported: Export, name: str) -> None:
+    entry = exported.manifest(name)
+    folder = exported.out / name / "1"
+    assert entry["files"] == {f: _sha256(folder / f) for f in FILES[f"{name}/1"] if f != "manifest.json"}
+    assert entry["opset"] == 18
     parity = entry["parity"]
     assert 0 <= parity["onnx_vs_torch"] <= 1e-4 and 0 <= parity["onnx_vs_numpy"] <= 1e-4
     assert parity["tolerance"] == 1e-4 and parity["inputs"]
     if name == "layernorm":
         assert (entry["kind"], entry["config"]) == ("layernorm", {})
-        assert "weights" not in entry and "layer_norms" not in entry
+        assert set(entry) == MANIFEST_KEYS | {"normserve", "versions"}
     else:
         cfg = dataclasses.replace(SMALL, norm_first=ENCODERS[name])
         assert (entry["kind"], entry["config"]) == ("encoder", dataclasses.asdict(cfg))
-        assert entry["weights"] == {"file": f"{name}.npz", "sha256": _sha256(exported.out / f"{name}.npz")}
         assert entry["layer_norms"] == layer_norm_names(cfg)
+        assert set(entry) == MANIFEST_KEYS | {"normserve", "versions", "layer_norms"}
+
+
+def test_the_manifests_have_the_committed_models_keys(exported: Export) -> None:
+    for name in NAMES:
+        committed = json.loads((ROOT / "models" / name / "1" / "manifest.json").read_text())
+        assert set(exported.manifest(name)) == set(committed)
 
 
 def test_layernorm_signature_in_manifest_and_graph(exported: Export) -> None:
-    entry = exported.manifest["models"]["layernorm"]
+    entry = exported.manifest("layernorm")
     fp32 = [("input", [-1, -1]), ("gamma", [-1]), ("beta", [-1]), ("eps_var", [-1, 1]), ("eps_std", [-1, 1])]
     assert entry["inputs"] == [{"name": n, "datatype": "FP32", "shape": s} for n, s in fp32]
     outputs = [("output", [-1, -1]), ("mean", [-1, 1]), ("inv_std_dev", [-1, 1])]
     assert entry["outputs"] == [{"name": n, "datatype": "FP32", "shape": s} for n, s in outputs]
-    graph = onnx.load(str(exported.out / "layernorm.onnx")).graph
+    graph = onnx.load(str(exported.out / "layernorm" / "1" / "model.onnx")).graph
     dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in graph.input}
     assert dims == {
         "input": ["rows", "cols"],
@@ -133,7 +167,7 @@ def test_layernorm_signature_in_manifest_and_graph(exported: Export) -> None:
 
 @pytest.mark.parametrize("name", ["encoder", "encoder-preln"])
 def test_encoder_signature_in_manifest_and_graph(exported: Export, name: str) -> None:
-    entry = exported.manifest["models"][name]
+    entry = exported.manifest(name)
     assert entry["inputs"] == [
         {"name": "input", "datatype": "FP32", "shape": [-1, -1, 16]},
         {"name": "padding_mask", "datatype": "BOOL", "shape": [-1, -1]},
@@ -143,7 +177,7 @@ def test_encoder_signature_in_manifest_and_graph(exported: Export, name: str) ->
     assert names == output_names(layer_norm_names(cfg))
     assert [o["name"] for o in entry["outputs"]] == names
     assert [o["shape"] for o in entry["outputs"]] == [[-1, -1, 16]] + [[-1, -1]] * (len(names) - 1)
-    graph = onnx.load(str(exported.out / f"{name}.onnx")).graph
+    graph = onnx.load(str(exported.out / name / "1" / "model.onnx")).graph
     assert [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in graph.input] == [
         ["batch", "seq", 16],
         ["batch", "seq"],
@@ -152,7 +186,9 @@ def test_encoder_signature_in_manifest_and_graph(exported: Export, name: str) ->
 
 @pytest.mark.parametrize(("rows", "cols"), [(1, 1), (7, 3), (2, 300)])
 def test_layernorm_runs_at_any_rows_and_cols(exported: Export, rows: int, cols: int) -> None:
-    session = ort.InferenceSession(str(exported.out / "layernorm.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(exported.out / "layernorm" / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
     x = np.random.default_rng(rows).standard_normal((rows, cols)).astype(np.float32)
     eps = np.full((rows, 1), 1e-5, np.float32)
     out, mean, inv_std_dev = session.run(
@@ -172,7 +208,7 @@ def test_layernorm_runs_at_any_rows_and_cols(exported: Export, rows: int, cols: 
 @pytest.mark.parametrize(("batch", "seq"), [(1, 1), (4, 32), (2, 9)])
 @pytest.mark.parametrize("name", ["encoder", "encoder-preln"])
 def test_encoder_runs_at_any_batch_and_seq(exported: Export, name: str, batch: int, seq: int) -> None:
-    session = ort.InferenceSession(str(exported.out / f"{name}.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(exported.out / name / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(seq).standard_normal((batch, seq, 16)).astype(np.float32)
     outputs = session.run(None, {"input": x, "padding_mask": np.zeros((batch, seq), bool)})
     assert [o.shape for o in outputs] == [(batch, seq, 16)] + [(batch, seq)] * (len(outputs) - 1)
@@ -183,7 +219,7 @@ def test_npz_weights_are_the_state_dict_in_float32(exported: Export, name: str) 
     expected = (
         exported.checkpoint_model if name == "encoder" else seeded_encoder(dataclasses.replace(SMALL, norm_first=True))
     ).state_dict()
-    with np.load(exported.out / f"{name}.npz", allow_pickle=False) as npz:
+    with np.load(exported.out / name / "1" / "weights.npz", allow_pickle=False) as npz:
         assert sorted(npz.files) == sorted(expected)
         for key in npz.files:
             assert npz[key].dtype == np.float32
@@ -191,7 +227,9 @@ def test_npz_weights_are_the_state_dict_in_float32(exported: Export, name: str) 
 
 
 def test_checkpoint_round_trip_onnx_equals_torch_with_those_weights(exported: Export) -> None:
-    session = ort.InferenceSession(str(exported.out / "encoder.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(exported.out / "encoder" / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
     x = np.random.default_rng(0).standard_normal((2, 6, 16)).astype(np.float32)
     mask = np.array([[False] * 6, [False] * 3 + [True] * 3])
     got = session.run(None, {"input": x, "padding_mask": mask})
@@ -203,11 +241,16 @@ def test_checkpoint_round_trip_onnx_equals_torch_with_those_weights(exported: Ex
     assert np.abs(got[0] - seeded[0].numpy()).max() > 1e-2, "the checkpoint's weights, not the seeded ones"
 
 
-def test_export_is_byte_for_byte_deterministic(exported: Export, tmp_path: Path) -> None:
-    export_models(tmp_path / "again", checkpoint=exported.checkpoint, config=SMALL)
-    assert {p.name: _sha256(p) for p in (tmp_path / "again").iterdir()} == {
-        p.name: _sha256(p) for p in exported.out.iterdir()
+def test_a_rerun_gives_the_same_bytes_and_replaces_version_1_only(exported: Export, tmp_path: Path) -> None:
+    again = tmp_path / "models"
+    shutil.copytree(exported.out, again)
+    (again / "layernorm" / "1" / "stale.onnx").write_text("left by an older export")
+    shutil.copytree(again / "encoder" / "1", again / "encoder" / "2")  # a user's version of the same name
+    export_defaults(again, checkpoint=exported.checkpoint, config=SMALL)
+    assert {str(p.relative_to(again)): _sha256(p) for p in again.rglob("*") if p.is_file() and "/2" not in str(p)} == {
+        str(p.relative_to(exported.out)): _sha256(p) for p in exported.out.rglob("*") if p.is_file()
     }
+    assert Repository(again).versions("encoder") == [1, 2]
 
 
 def _write_bad_checkpoint(path: Path, how: str) -> Path:
@@ -242,28 +285,39 @@ def _write_bad_checkpoint(path: Path, how: str) -> Path:
 def test_mismatched_checkpoint_is_refused_with_a_clear_message(tmp_path: Path, how: str, message: str) -> None:
     path = _write_bad_checkpoint(tmp_path / "bad.pt", how)
     with pytest.raises(CheckpointError, match=message):
-        export_models(tmp_path / "models", checkpoint=path, config=SMALL)
+        export_defaults(tmp_path / "models", checkpoint=path, config=SMALL)
     assert not (tmp_path / "models").exists()
 
 
 def test_cli_refuses_a_mismatched_checkpoint_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _write_bad_checkpoint(tmp_path / "bad.pt", "renamed-key")
     assert main(["--out-dir", str(tmp_path / "models"), "--checkpoint-preln", str(path), *SMALL_FLAGS]) == 1
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "missing keys" in err and str(path) in err
+    problems = (
+        "missing keys layers.0.attn.qkv.weight, norm.bias, norm.weight; unexpected keys layers.0.attn.c_attn.weight"
+    )
+    assert capsys.readouterr().err == (
+        f"normserve export: error: {path} does not fit the configured encoder ({problems}); "
+        "check --d-model, --d-ff, --num-layers and the norm placement\n"
+    )
 
 
 def test_failed_parity_raises_and_writes_nothing(tmp_path: Path) -> None:
     (tmp_path / "models").mkdir()
-    with pytest.raises(ParityError, match=r"parity failed for layernorm: onnx vs torch .* tolerance 1e-12"):
-        export_models(tmp_path / "models", config=SMALL, tolerance=1e-12)
+    with pytest.raises(
+        ParityError, match=r"^parity failed for layernorm: onnx vs torch .* tolerance 1e-12; nothing written$"
+    ):
+        export_defaults(tmp_path / "models", config=SMALL, tolerance=1e-12)
     assert list(tmp_path.rglob("*")) == [tmp_path / "models"]
+    with pytest.raises(ParityError):
+        export_defaults(tmp_path / "fresh", config=SMALL, tolerance=1e-12)
+    assert list(tmp_path.rglob("*")) == [tmp_path / "models"], "a repository the export created goes too"
 
 
 def test_script_exits_non_zero_on_failed_parity_and_leaves_out_dir_unchanged(tmp_path: Path) -> None:
     out = tmp_path / "models"
     out.mkdir()
-    (out / "manifest.json").write_text("{}")  # a previous export must survive a refused one
+    (out / "layernorm" / "1").mkdir(parents=True)
+    (out / "layernorm" / "1" / "manifest.json").write_text("{}")  # a previous export must survive a refused one
     script = ROOT / "scripts" / "export_onnx.py"
     result = subprocess.run(
         [sys.executable, str(script), "--out-dir", str(out), "--tolerance", "1e-12", *SMALL_FLAGS],
@@ -273,8 +327,13 @@ def test_script_exits_non_zero_on_failed_parity_and_leaves_out_dir_unchanged(tmp
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith("normserve export: error: parity failed for layernorm")
-    assert sorted(tmp_path.rglob("*")) == [out, out / "manifest.json"]
-    assert (out / "manifest.json").read_text() == "{}"
+    assert sorted(tmp_path.rglob("*")) == [
+        out,
+        out / "layernorm",
+        out / "layernorm" / "1",
+        out / "layernorm" / "1" / "manifest.json",
+    ]
+    assert (out / "layernorm" / "1" / "manifest.json").read_text() == "{}"
 
 
 def test_torch_and_onnx_are_imported_only_under_app_export() -> None:

@@ -1,4 +1,4 @@
-"""app/export/graph.py: a torch module to a checked, reproducible ONNX file, its manifest entry, and moving into place."""
+"""app/export/graph.py: a torch module to a checked, reproducible ONNX file and its manifest fields."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from app.core.model import Signature
-from app.export.graph import ExportError, load_session, move_into_place, save_npz, sha256, to_onnx, write_onnx
+from app.export.graph import ExportError, load_session, save_npz, sha256, to_onnx, write_onnx
 from tests.live_server import ROOT
 
 INPUTS: Signature = [("x", ["rows", "cols"]), ("bias", ["cols"])]
@@ -41,8 +41,8 @@ def proto() -> onnx.ModelProto:
 
 @pytest.fixture
 def written(tmp_path: Path, proto: onnx.ModelProto) -> Path:
-    write_onnx(tmp_path, "shift", "test", proto)
-    return tmp_path / "shift.onnx"
+    write_onnx(tmp_path, proto)
+    return tmp_path / "model.onnx"
 
 
 def _dims(values: list[onnx.ValueInfoProto]) -> list[tuple[str, list[str | int]]]:
@@ -82,16 +82,10 @@ def test_the_exported_graph_computes_the_module_at_any_size(written: Path, rows:
     np.testing.assert_allclose(total, expected[1].numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_write_onnx_returns_the_manifest_entry_of_the_file(tmp_path: Path, proto: onnx.ModelProto) -> None:
-    entry = write_onnx(tmp_path, "shift", "test", proto)
-    path = tmp_path / "shift.onnx"
-    assert path.read_bytes() == proto.SerializeToString()
+def test_write_onnx_writes_model_onnx_and_returns_its_manifest_fields(tmp_path: Path, proto: onnx.ModelProto) -> None:
+    entry = write_onnx(tmp_path, proto)
+    assert (tmp_path / "model.onnx").read_bytes() == proto.SerializeToString()
     assert entry == {
-        "name": "shift",
-        "version": "1",
-        "kind": "test",
-        "file": "shift.onnx",
-        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
         "opset": OPSET,
         "inputs": [
             {"name": "x", "datatype": "FP32", "shape": [-1, -1]},
@@ -130,7 +124,7 @@ def test_load_session_refuses_a_graph_with_another_signature(
     expected = inputs if which == "inputs" else outputs
     with pytest.raises(ExportError) as e:
         load_session(written, inputs, outputs)
-    assert str(e.value) == f"shift.onnx: graph has {graph}, expected {expected}"
+    assert str(e.value) == f"model.onnx: graph has {graph}, expected {expected}"
 
 
 def _weights() -> dict[str, np.ndarray]:
@@ -159,32 +153,3 @@ def test_save_npz_writes_float32_arrays_that_numpy_loads_without_pickle(tmp_path
 
 def test_sha256_is_hashlibs(written: Path) -> None:
     assert sha256(written) == hashlib.sha256(written.read_bytes()).hexdigest()
-
-
-def test_move_into_place_moves_every_file_into_a_new_directory(tmp_path: Path) -> None:
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    for name in ("layernorm.onnx", "manifest.json", "weights.npz"):
-        (tmp / name).write_text(name)
-    move_into_place(tmp, tmp_path / "out" / "models")
-    assert sorted(p.name for p in (tmp_path / "out" / "models").iterdir()) == [
-        "layernorm.onnx",
-        "manifest.json",
-        "weights.npz",
-    ]
-    assert (tmp_path / "out" / "models" / "manifest.json").read_text() == "manifest.json"
-    assert list(tmp.iterdir()) == []
-
-
-def test_move_into_place_moves_the_manifest_last(tmp_path: Path) -> None:
-    tmp, out = tmp_path / "tmp", tmp_path / "models"
-    tmp.mkdir()
-    for name in ("a.onnx", "manifest.json", "z.npz"):  # z.npz sorts after manifest.json
-        (tmp / name).write_text(name)
-    (out / "z.npz").mkdir(parents=True)
-    (out / "z.npz" / "in-the-way").touch()  # z.npz cannot replace a directory that is not empty
-    with pytest.raises(OSError):
-        move_into_place(tmp, out)
-    # The files before z.npz are in place, but no manifest vouches for a set with z.npz missing.
-    assert sorted(p.name for p in out.iterdir()) == ["a.onnx", "z.npz"]
-    assert sorted(p.name for p in tmp.iterdir()) == ["manifest.json", "z.npz"]

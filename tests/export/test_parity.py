@@ -1,4 +1,6 @@
-"""The repo's exported models/ in onnxruntime against the float64 NumPy reference, fed as the server feeds them."""
+"""The repo's exported models/ in onnxruntime against the float64 NumPy reference, fed as the server feeds them;
+and the learned LayerNorm's parity check (app/export/parity.py) on the shipped generic graph.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ import pytest
 
 from app.core import reference
 from app.core.reference import EncoderConfig
+from app.core.repository import Repository
+from app.export.parity import learned_layernorm_parity
+from tests.export.trained import layer_norm as trained_layer_norm
 from tests.live_server import MODELS
 
 LAYERNORM_ATOL = 1e-5  # float32 kernel vs float64 math on unit-scale data
@@ -20,24 +25,30 @@ ENCODERS = ["encoder", "encoder-preln"]
 
 
 @pytest.fixture(scope="module")
+def shipped_manifest() -> dict[str, Any]:
+    """Version 1 of each default model in the repo's models/, as {"models": {name: its manifest.json}}."""
+    repo = Repository(MODELS)
+    return {"models": {name: repo.manifest(name, 1) for name in repo.names()}}
+
+
+@pytest.fixture(scope="module")
 def sessions(shipped_manifest: dict[str, Any]) -> dict[str, ort.InferenceSession]:
     return {
-        name: ort.InferenceSession(str(MODELS / entry["file"]), providers=["CPUExecutionProvider"])
-        for name, entry in shipped_manifest["models"].items()
+        name: ort.InferenceSession(str(MODELS / name / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+        for name in shipped_manifest["models"]
     }
 
 
-def _sha256(name: str) -> str:
-    return hashlib.sha256((MODELS / name).read_bytes()).hexdigest()
-
-
-def test_manifest_lists_the_three_models_and_their_files_match(shipped_manifest: dict[str, Any]) -> None:
+def test_the_repository_holds_version_1_of_the_three_models_and_their_files_match(
+    shipped_manifest: dict[str, Any],
+) -> None:
     models = shipped_manifest["models"]
     assert sorted(models) == ["encoder", "encoder-preln", "layernorm"]
-    for entry in models.values():
-        assert entry["sha256"] == _sha256(entry["file"]), f"{entry['file']} changed since the manifest was written"
-        if "weights" in entry:
-            assert entry["weights"]["sha256"] == _sha256(entry["weights"]["file"])
+    for name, entry in models.items():
+        folder = MODELS / name / "1"
+        assert sorted(p.name for p in folder.iterdir()) == sorted([*entry["files"], "manifest.json"])
+        for file, sha256 in entry["files"].items():
+            assert hashlib.sha256((folder / file).read_bytes()).hexdigest() == sha256, f"{name}/1/{file} changed"
 
 
 def _run_layernorm(
@@ -137,7 +148,7 @@ def test_encoder_matches_reference(
 ) -> None:
     entry = shipped_manifest["models"][name]
     cfg = EncoderConfig(**entry["config"])
-    with np.load(MODELS / entry["weights"]["file"], allow_pickle=False) as npz:
+    with np.load(MODELS / name / "1" / "weights.npz", allow_pickle=False) as npz:
         weights = {key: npz[key] for key in npz.files}
     x = np.random.default_rng(batch * 1000 + seq).standard_normal((batch, seq, cfg.d_model)).astype(np.float32)
     mask = _padding_mask(batch, seq, padding)
@@ -161,3 +172,19 @@ def test_encoder_outputs_are_named_after_its_layer_norms_in_execution_order(
     expected = ["output"] + [f"{n}.{s}" for n in norms for s in ("mean", "std")]
     assert [o.name for o in sessions[name].get_outputs()] == expected
     assert [i.name for i in sessions[name].get_inputs()] == ["input", "padding_mask"]
+
+
+def test_learned_layernorm_parity_feeds_the_checkpoints_gamma_beta_and_eps(
+    sessions: dict[str, ort.InferenceSession],
+) -> None:
+    module = trained_layer_norm((2, 8), eps=1e-3)
+    gamma, beta = (p.detach().numpy() for p in (module.weight, module.bias))
+    vs_torch, vs_numpy, description = learned_layernorm_parity(sessions["layernorm"], module, gamma, beta)
+    assert vs_torch <= ENCODER_ATOL and vs_numpy <= ENCODER_ATOL
+    assert description == (
+        "the checkpoint's gamma and beta and eps 0.001 (eps_mode var); seeded N(0,1) float32 scaled by 1, 10 "
+        "and 0.1: [5,2,8], [2,3,2,8], [1,2,8]; torch.nn.LayerNorm for the output"
+    )
+    # gamma fed to the graph but not the module's: the torch figure shows it, the reference follows the feeds.
+    vs_torch, vs_numpy, _ = learned_layernorm_parity(sessions["layernorm"], module, gamma + 0.5, beta)
+    assert vs_torch > 0.1 and vs_numpy <= ENCODER_ATOL
