@@ -86,6 +86,13 @@ class Worker:
         observability.note_model(name)  # the request's log line names the model it used
         return model
 
+    def metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """V2 model metadata; without a version it lists every version serving, as Triton's does."""
+        model = self.model(name, version)
+        if version is not None:
+            return model.metadata
+        return {**model.metadata, "versions": [str(v) for v in sorted(self.runtime.serving.get(model.name, {}))]}
+
     def _observe_run(self, model: str, version: str, seconds: float, rows: int) -> None:
         metrics.observe_inference(model, version, seconds, rows)
         if self.admission.ready:  # the warm-up's runs are no client's executions

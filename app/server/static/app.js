@@ -254,6 +254,7 @@ function normalizeBody(validate) {
     if (k > shape.length) return { error: `normalized dims k = ${k} exceeds the tensor's rank ${shape.length}` };
     body.add("normalized_shape", JSON.stringify(shape.slice(shape.length - k)));
   }
+  addModel(body, $("ln-model").value);
   const eps = Number($("eps").value);
   body.add("eps", $("eps").value.trim() === "" || isNaN(eps) ? JSON.stringify($("eps").value) : String(eps));
   body.add("eps_mode", JSON.stringify($("eps-mode").value));
@@ -497,7 +498,49 @@ function generate() {
 
 // ---------------------------------------------------------------- /encode view
 
-const D_MODEL = 128;
+/** d_model of each encoder the picker lists (from its metadata); 128 for the default ones. */
+const D_MODELS = new Map();
+
+/** "name" or "name@version" from a picker: the request's `model` and, if pinned, `version` fields. */
+function addModel(body, choice) {
+  const [name, version] = choice.split("@");
+  body.add("model", JSON.stringify(name));
+  if (version) body.add("version", version);
+}
+
+/** The pickers, from the repository index (every READY version); with an admin token set the index is
+ * closed to the page, and the statistics of the serving models stand in for it. */
+async function loadModels() {
+  let ready = [];
+  const index = await fetch("v2/repository/index", { method: "POST" }).catch(() => null);
+  if (index && index.ok) {
+    ready = (await index.json()).filter((m) => m.state === "READY").map((m) => [m.name, m.version]);
+  } else {
+    const stats = await fetch("v2/models/stats").then((r) => (r.ok ? r.json() : { model_stats: [] }));
+    ready = stats.model_stats.map((m) => [m.name, m.version]);
+  }
+  const byName = new Map();
+  for (const [name, version] of ready) byName.set(name, [...(byName.get(name) || []), version]);
+  const picked = { layernorm: [], encoder: [] };
+  for (const [name, versions] of byName) {
+    const meta = await fetch(`v2/models/${encodeURIComponent(name)}`).then((r) => (r.ok ? r.json() : null));
+    if (!meta) continue;
+    const input = meta.inputs.find((t) => t.name === "input");
+    const kind = meta.inputs.some((t) => t.name === "padding_mask") ? "encoder" : "layernorm";
+    if (kind === "encoder") D_MODELS.set(name, input.shape[input.shape.length - 1]);
+    picked[kind].push([name, versions]);
+  }
+  for (const select of document.querySelectorAll("select[data-kind]")) {
+    const models = picked[select.dataset.kind];
+    if (!models.length) continue;
+    const current = select.value;
+    select.replaceChildren();
+    for (const [name, versions] of models) {
+      select.append(new Option(`${name} (latest: v${versions[versions.length - 1]})`, name, false, name === current));
+      if (versions.length > 1) for (const v of versions) select.append(new Option(`${name} v${v}`, `${name}@${v}`));
+    }
+  }
+}
 
 async function runEncode() {
   const form = $("encode-form");
@@ -505,11 +548,14 @@ async function runEncode() {
   const seq = parseInt($("enc-seq").value, 10) || 1;
   const pad = Math.max(0, parseInt($("enc-pad").value, 10) || 0);
   const scale = Number($("enc-scale").value);
-  const z = normals(seq * D_MODEL, parseInt($("enc-seed").value, 10) || 0);
+  const [name, version] = $("enc-model").value.split("@");
+  const d = D_MODELS.get(name) || 128;
+  const z = normals(seq * d, parseInt($("enc-seed").value, 10) || 0);
   const data = Array.from({ length: seq }, (_, t) =>
-    z.slice(t * D_MODEL, (t + 1) * D_MODEL).map((v) => +((isNaN(scale) ? 1 : scale) * v).toFixed(5)),
+    z.slice(t * d, (t + 1) * d).map((v) => +((isNaN(scale) ? 1 : scale) * v).toFixed(5)),
   );
-  const req = { data, model: $("enc-model").value };
+  const req = { data, model: name };
+  if (version) req.version = Number(version);
   if (pad > 0) req.padding_mask = Array.from({ length: seq }, (_, t) => t >= seq - pad);
   if ($("enc-validate").checked) req.validate = true;
   busy(form, true);
@@ -580,7 +626,11 @@ function wire() {
   });
   updateFormula();
   document.body.dataset.settled = "0";
-  document.body.dataset.ready = "true"; // tests wait for this before clicking
+  loadModels()
+    .catch(() => {}) // the pickers keep the default models
+    .finally(() => {
+      document.body.dataset.ready = "true"; // tests wait for this before clicking
+    });
 }
 
 document.addEventListener("DOMContentLoaded", wire);

@@ -10,12 +10,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from app.core.reference import EncoderConfig, layer_norm_names
 from app.core.seeds import SEED000, SEED003
-from tests.live_server import ROOT
+from tests.live_server import ROOT, live_server
+from tests.repositories import copy_models, learned_layernorm
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's package (scripts/system-deps.sh); never a browser download
 # Without the background-networking switches Chromium keeps calling Google's services, which this network lacks.
@@ -297,3 +299,45 @@ def test_screenshot_of_a_normalized_tensor_for_the_readme(page: Page, tmp_path: 
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])
     assert width == 1280 and height >= 900
+
+
+# ---- the model pickers, fed by the repository --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def repository_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The defaults plus a learned LayerNorm of normalized_shape (3,) in two versions, both serving."""
+    root = copy_models(tmp_path_factory.mktemp("picker") / "models")
+    for version, scale in ((1, 1.0), (2, 3.0)):
+        learned_layernorm(root, "my-ln", version, np.full(3, scale), np.zeros(3))
+    (root / "my-ln/model.json").write_text(json.dumps({"version_policy": {"all": {}}}))
+    with live_server({"NORMSERVE_MODEL_DIR": str(root)}) as base:
+        yield base
+
+
+def test_the_pickers_list_every_ready_model_and_version_and_a_pinned_version_answers(
+    browser: Browser, repository_server: str
+) -> None:
+    pg = browser.new_page()
+    pg.goto(repository_server + "/")
+    pg.wait_for_selector("body[data-ready='true']")
+    options = pg.eval_on_selector_all("#ln-model option", "os => os.map(o => [o.value, o.textContent])")
+    assert options == [
+        ["layernorm", "layernorm (latest: v1)"],
+        ["my-ln", "my-ln (latest: v2)"],
+        ["my-ln@1", "my-ln v1"],
+        ["my-ln@2", "my-ln v2"],
+    ]
+    encoders = pg.eval_on_selector_all("#enc-model option", "os => os.map(o => o.value)")
+    assert encoders == ["encoder", "encoder-preln"]
+    pg.fill("#data", "[[1, 2, 4]]")
+    pg.select_option("#ln-model", "my-ln@1")
+    settle(pg, lambda: pg.click("#run"))
+    assert "model my-ln v1" in (pg.text_content("#status") or "")
+    pg.select_option("#ln-model", "my-ln")
+    settle(pg, lambda: pg.click("#run"))
+    assert "model my-ln v2" in (pg.text_content("#status") or "")
+    out = output_table(pg)  # gamma 3 in version 2: three times the normalized row
+    ref = [(v - 7 / 3) / math.sqrt(14 / 9 + 1e-5) * 3 for v in (1, 2, 4)]
+    assert out[0] == pytest.approx(ref, abs=1e-4)
+    pg.close()

@@ -24,8 +24,7 @@ def server_metadata() -> Any:
     return pb.ServerMetadataResponse(name="normserve", version=__version__, extensions=EXTENSIONS)
 
 
-def model_metadata(model: Model) -> Any:
-    meta = model.metadata
+def model_metadata(meta: dict[str, Any]) -> Any:
     response = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"])
     for entry, tensors in ((response.inputs, meta["inputs"]), (response.outputs, meta["outputs"])):
         for t in tensors:

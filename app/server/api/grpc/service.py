@@ -52,7 +52,8 @@ class InferenceService:
         return messages.server_metadata()
 
     async def ModelMetadata(self, request: Any, context: Any, call: Call) -> Any:
-        return messages.model_metadata(self._model(request.name, request.version, call))
+        model = self._model(request.name, request.version, call)
+        return messages.model_metadata(self.worker.metadata(model.name, request.version or None))
 
     async def ModelConfig(self, request: Any, context: Any, call: Call) -> Any:
         return messages.model_config(self._model(request.name, request.version, call))

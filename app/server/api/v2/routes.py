@@ -46,12 +46,12 @@ async def all_model_stats(worker: Worker) -> Response:
 @router.get("/v2/models/{name}", **openapi.V2_METADATA)
 async def model_metadata(name: str, worker: Worker) -> Response:
     """Inputs, outputs, datatypes and shapes (-1 = any size; layernorm's [-1] input takes any rank >= 1)."""
-    return json_response(worker.model(name).metadata)
+    return json_response(worker.metadata(name))
 
 
 @router.get("/v2/models/{name}/versions/{version}", **openapi.V2_METADATA)
 async def model_version_metadata(name: str, version: str, worker: Worker) -> Response:
-    return json_response(worker.model(name, version).metadata)
+    return json_response(worker.metadata(name, version))
 
 
 @router.get("/v2/models/{name}/ready", **openapi.V2_READY)
