@@ -29,7 +29,6 @@ from app.settings import Settings
 
 SEED = 20261122
 TIMEOUT_S = 60.0
-ENCODERS = ("encoder", "encoder-preln")
 # (name, shape, k, eps, eps_mode, gamma/beta, offset): both eps modes, one and two normalized dims, large offsets.
 NORMALIZE_CASES = (
     ("var k=1", (4, 16), 1, 1e-5, "var", False, 0.0),
@@ -86,17 +85,40 @@ def in_process_plan(model_dir: Path, atol: float | None = None) -> list[Step]:
 
 
 def remote_plan(url: str, atol: float | None = None) -> list[Step]:
-    """Every /normalize case, then /encode of each encoder with `validate: true`; the server must be ready."""
+    """Every serving version: each /normalize case (a learned LayerNorm: one on its own shape, with gamma and
+    beta sent), or /encode with `validate: true`; the server must be ready."""
     base = _base_url(url)
     _call("GET", f"{base}/v2/health/ready")  # before any step: an unreachable or unready server is one line
     rng = np.random.default_rng(SEED)
     steps: list[Step] = []
-    for case in NORMALIZE_CASES:
-        doc, expected = _normalize_case(rng, case)
-        steps.append((f"POST /normalize ({case[0]})", _normalize_step(base, case[0], doc, expected, atol)))
-    for name in ENCODERS:
-        steps.append((f"POST /encode (model {name}, validate: true)", _encode_step(base, name, rng, atol)))
+    for name, version, meta in _serving(base):
+        shapes = {t["name"]: t["shape"] for t in meta.get("inputs", [])}
+        if "padding_mask" in shapes:
+            steps.append(
+                (f"POST /encode ({name} v{version}, validate: true)", _encode_step(base, name, version, rng, atol))
+            )
+            continue
+        trailing = [int(d) for d in shapes.get("input", [-1, -1])[1:]]
+        cases = (
+            NORMALIZE_CASES
+            if trailing == [-1]
+            else [("learned", (3, *trailing), len(trailing), 1e-5, "var", True, 0.0)]
+        )
+        for case in cases:
+            doc, expected = _normalize_case(rng, case)
+            doc.update(model=name, version=int(version))
+            label = f"{name}/{version}"
+            steps.append(
+                (f"POST /normalize ({label}, {case[0]})", _normalize_step(base, label, case[0], doc, expected, atol))
+            )
     return steps
+
+
+def _serving(base: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(name, version, metadata) of every version the server serves, from Triton's statistics (no token needed)."""
+    stats = _call("GET", f"{base}/v2/models/stats").get("model_stats", [])
+    found = sorted({(str(m["name"]), str(m["version"])) for m in stats})
+    return [(n, v, _call("GET", f"{base}/v2/models/{n}/versions/{v}")) for n, v in found]
 
 
 def _base_url(url: str) -> str:
@@ -124,7 +146,7 @@ def _normalize_case(rng: np.random.Generator, case: tuple[Any, ...]) -> tuple[di
 
 
 def _normalize_step(
-    base: str, case: str, doc: dict[str, Any], expected: tuple[np.ndarray, float], atol: float | None
+    base: str, model: str, case: str, doc: dict[str, Any], expected: tuple[np.ndarray, float], atol: float | None
 ) -> Callable[[], list[Check]]:
     def step() -> list[Check]:
         ref, default_atol = expected
@@ -132,27 +154,30 @@ def _normalize_step(
         out = np.asarray(got.get("output"), dtype=np.float64)
         if out.shape != ref.shape:
             raise ValidateError(f"POST {base}/normalize: output shape {list(out.shape)}, expected {list(ref.shape)}")
-        return [Check("layernorm", case, float(np.abs(out - ref).max()), default_atol if atol is None else atol)]
+        return [Check(model, case, float(np.abs(out - ref).max()), default_atol if atol is None else atol)]
 
     return step
 
 
-def _encode_step(base: str, name: str, rng: np.random.Generator, atol: float | None) -> Callable[[], list[Check]]:
+def _encode_step(
+    base: str, name: str, version: str, rng: np.random.Generator, atol: float | None
+) -> Callable[[], list[Check]]:
     seed = int(rng.integers(2**32))  # drawn now: the inputs do not depend on the order steps run in
 
     def step() -> list[Check]:
-        meta = _call("GET", f"{base}/v2/models/{name}")
+        meta = _call("GET", f"{base}/v2/models/{name}/versions/{version}")
         d_model = next(int(t["shape"][-1]) for t in meta.get("inputs", []) if t.get("name") == "input")
         x = np.random.default_rng(seed).standard_normal((2, 7, d_model)).astype(np.float32)
         mask = np.zeros((2, 7), dtype=bool)
         mask[1, 4:] = True  # the second sequence is padded: masking is checked too
-        doc = {"data": x.tolist(), "padding_mask": mask.tolist(), "model": name, "validate": True}
+        doc = {"data": x.tolist(), "padding_mask": mask.tolist(), "model": name, "version": int(version)}
+        doc["validate"] = True
         validation = _call("POST", f"{base}/encode", doc).get("validation") or {}
         if "max_abs_diff" not in validation:
             raise ValidateError(f"POST {base}/encode: the answer has no validation figures")
         return [
             Check(
-                name,
+                f"{name}/{version}",
                 "encode, validate: true",
                 float(validation["max_abs_diff"]),
                 float(validation["atol"]) if atol is None else atol,

@@ -10,13 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.cli.validate import ENCODERS, NORMALIZE_CASES, Check, ValidateError, in_process_plan, remote_plan
+from app.cli.validate import NORMALIZE_CASES, Check, ValidateError, in_process_plan, remote_plan
 from app.core.layernorm import WARM_UP_ATOL
 from app.core.model import ModelLoadError
 from app.core.runtime import Runtime
 from app.settings import Settings
 from tests.cli.normserve import closed_port, run
-from tests.live_server import MODELS
+from tests.live_server import MODELS, live_server
+from tests.repositories import copy_models, learned_layernorm
 
 NAMES = sorted(["encoder/1", "encoder-preln/1", "layernorm/1"])
 
@@ -71,13 +72,13 @@ def test_validate_url_checks_every_model_of_a_running_server(server: str) -> Non
     assert out.returncode == 0, out.stderr
     rows = [line.split("│")[1:-1] for line in out.stdout.splitlines() if line.startswith("│ ")]  # a wrapped cell
     models = [cells[0].strip() for cells in rows if cells[0].strip()]
-    assert models == ["layernorm"] * 4 + ["encoder", "encoder-preln"]
+    assert models == ["encoder/1", "encoder-preln/1"] + ["layernorm/1"] * 4
     for cells in rows:
         if cells[0].strip():
             diff, atol, result = (c.strip() for c in cells[2:])
             assert float(diff) <= float(atol) and result == "pass"
     assert "all 6 checks passed" in out.stdout
-    assert "[6/6] POST /encode (model encoder-preln, validate: true)" in out.stderr
+    assert f"[6/6] POST /normalize (layernorm/1, {NORMALIZE_CASES[-1][0]})" in out.stderr
 
 
 def test_validate_url_fails_with_exit_1_when_a_check_misses_its_tolerance(server: str) -> None:
@@ -190,18 +191,19 @@ def test_in_process_warm_up_step_stops_at_a_model_past_the_services_tolerance(mo
 def test_remote_plan_checks_each_normalize_case_then_each_encoder(server: str) -> None:
     plan = remote_plan(server + "/")  # a trailing slash is the same server
     assert [description for description, _ in plan] == [
-        *(f"POST /normalize ({case[0]})" for case in NORMALIZE_CASES),
-        *(f"POST /encode (model {name}, validate: true)" for name in ENCODERS),
+        "POST /encode (encoder v1, validate: true)",
+        "POST /encode (encoder-preln v1, validate: true)",
+        *(f"POST /normalize (layernorm/1, {case[0]})" for case in NORMALIZE_CASES),
     ]
     checks = [check for _, step in plan for check in step()]
     assert [(c.model, c.check) for c in checks] == [
-        *(("layernorm", case[0]) for case in NORMALIZE_CASES),
-        ("encoder", "encode, validate: true"),
-        ("encoder-preln", "encode, validate: true"),
+        ("encoder/1", "encode, validate: true"),
+        ("encoder-preln/1", "encode, validate: true"),
+        *(("layernorm/1", case[0]) for case in NORMALIZE_CASES),
     ]
     assert all(c.passed and 0 <= c.max_abs_diff for c in checks)
-    assert [c.atol for c in checks[-2:]] == [1e-4, 1e-4]  # the server's NORMSERVE_VALIDATE_ATOL
-    assert all(1e-5 < c.atol < 2e-5 for c in checks[:-2])  # 1e-5 x max(1, |gamma|) plus half an ulp
+    assert [c.atol for c in checks[:2]] == [1e-4, 1e-4]  # the server's NORMSERVE_VALIDATE_ATOL
+    assert all(1e-5 < c.atol < 2e-5 for c in checks[2:])  # 1e-5 x max(1, |gamma|) plus half an ulp
 
 
 def test_remote_plan_with_atol_holds_every_check_to_it(server: str) -> None:
@@ -227,3 +229,19 @@ def test_remote_plan_reports_the_servers_own_error(server: str) -> None:
     with pytest.raises(ValidateError) as e:
         remote_plan(server + "/elsewhere")
     assert str(e.value) == f"GET {server}/elsewhere/v2/health/ready: HTTP 404: no route GET /elsewhere/v2/health/ready"
+
+
+def test_remote_plan_checks_every_version_of_a_users_learned_layernorm(tmp_path: Path) -> None:
+    root = copy_models(tmp_path / "models", ("layernorm",))
+    rng = np.random.default_rng(5)
+    for version in (1, 2):
+        learned_layernorm(root, "my-ln", version, 1 + rng.standard_normal((2, 4)), rng.standard_normal((2, 4)))
+    (root / "my-ln/model.json").write_text(json.dumps({"version_policy": {"all": {}}}))
+    with live_server({"NORMSERVE_MODEL_DIR": str(root)}) as base:
+        checks = [check for _, step in remote_plan(base) for check in step()]
+    assert [(c.model, c.check) for c in checks] == [
+        *(("layernorm/1", case[0]) for case in NORMALIZE_CASES),
+        ("my-ln/1", "learned"),
+        ("my-ln/2", "learned"),
+    ]
+    assert all(c.passed for c in checks)
