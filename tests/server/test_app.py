@@ -49,6 +49,11 @@ ROUTES = [
     ("POST", "/v2/models/{name}/versions/{version}/infer"),
     ("GET", "/v2/models/{name}/stats"),
     ("GET", "/v2/models/{name}/versions/{version}/stats"),
+    ("GET", "/v2/models/{name}/config"),
+    ("GET", "/v2/models/{name}/versions/{version}/config"),
+    ("POST", "/v2/repository/index"),
+    ("POST", "/v2/repository/models/{name}/load"),
+    ("POST", "/v2/repository/models/{name}/unload"),
     ("GET", "/metrics"),
 ]
 
@@ -154,9 +159,10 @@ def test_each_route_takes_its_method_and_only_that(method: str, template: str) -
 
 
 @pytest.mark.parametrize(
-    "path", ["/", "/static/app.js", "/static/style.css", "/docs", "/docs/assets/swagger-ui.css", "/openapi.json"]
+    "path",
+    ["/", "/static/app.js", "/static/style.css", "/docs", "/docs/assets/swagger-ui.css", "/openapi.json", "/v2/"],
 )
-def test_the_undocumented_routes_are_mounted_the_playground_and_the_docs(path: str) -> None:
+def test_the_undocumented_routes_are_mounted_the_playground_the_docs_and_v2_with_a_slash(path: str) -> None:
     assert route_match(create_app(Settings(model_dir=MODELS)), "GET", path) == Match.FULL
 
 
@@ -191,9 +197,24 @@ def test_the_lifespan_starts_the_worker_until_ready_and_drains_it_on_shutdown(
     assert all(signal.getsignal(sig) == server_handlers.handle_exit for sig in DRAIN_SIGNALS)
 
 
+def unusable_repository(tmp_path: Path, how: str) -> tuple[Path, str]:
+    """A model_dir the worker cannot load anything from, and the whole not-ready error it gives."""
+    if how == "missing":
+        root = tmp_path / "models"
+        return root, f"not ready: model check failed: {root}: model repository missing; run `normserve export`"
+    (tmp_path / "manifest.json").write_text('{"models": {}}')  # normserve 0.1's single manifest
+    return tmp_path, (
+        f"not ready: model check failed: {tmp_path}/manifest.json: the single-manifest layout of normserve 0.1; "
+        "move it into the repository layout (<name>/<version>/) with "
+        f"`normserve models migrate --repository {tmp_path}`"
+    )
+
+
 @pytest.mark.usefixtures("restore_logging", "signal_handlers")
-def test_the_lifespan_with_no_models_keeps_the_app_live_and_says_why_it_is_not_ready(tmp_path: Path) -> None:
-    app = create_app(Settings(model_dir=tmp_path, grpc_port=0))
+@pytest.mark.parametrize("how", ["missing", "legacy-layout"])
+def test_the_lifespan_with_no_models_keeps_the_app_live_and_says_why_it_is_not_ready(tmp_path: Path, how: str) -> None:
+    model_dir, error = unusable_repository(tmp_path, how)
+    app = create_app(Settings(model_dir=model_dir, grpc_port=0))
 
     async def scenario() -> tuple[httpx.Response, httpx.Response]:
         async with app.router.lifespan_context(app), client(app) as c:
@@ -203,10 +224,7 @@ def test_the_lifespan_with_no_models_keeps_the_app_live_and_says_why_it_is_not_r
     live, not_ready = run(scenario())
     assert live.status_code == 200 and live.json() == {"live": True}
     assert not_ready.status_code == 503 and not_ready.headers["retry-after"] == "1"
-    assert not_ready.json() == {
-        "ready": False,
-        "error": f"not ready: model check failed: {tmp_path}/manifest.json: manifest missing; run `normserve export`",
-    }
+    assert not_ready.json() == {"ready": False, "error": error}
 
 
 @pytest.mark.usefixtures("restore_logging", "signal_handlers")

@@ -160,14 +160,23 @@ def test_uvicorn_log_config_gives_json_at_the_level_and_no_uvicorn_access_log() 
 # ---- over real servers ---------------------------------------------------------------------------------------
 
 
-def test_start_up_lines_are_structured(logged: LoggedServer) -> None:
+def test_start_up_lines_are_structured(logged: LoggedServer, shipped_manifest: dict[str, Any]) -> None:
     lines = logged.lines()
-    loaded = {d["model"]: d for d in lines if d["msg"].startswith("loaded model")}
-    assert sorted(loaded) == ["encoder", "encoder-preln", "layernorm"]
-    assert all(d["load_seconds"] > 0 and len(d["sha256"]) == 64 for d in loaded.values())
+    loaded = {(d["model"], d["version"]): d for d in lines if d["msg"].startswith("loaded model")}
+    assert sorted(loaded) == [("encoder", "1"), ("encoder-preln", "1"), ("layernorm", "1")]
     (ready,) = [d for d in lines if d["msg"].startswith("ready")]
-    assert sorted(ready["parity_max_abs_diff"]) == sorted(loaded)
-    assert max(ready["parity_max_abs_diff"].values()) < 1e-4
+    assert sorted(ready["parity_max_abs_diff"]) == ["encoder-preln/1", "encoder/1", "layernorm/1"]
+    for (name, version), d in loaded.items():
+        sha256 = shipped_manifest[name]["files"]["model.onnx"]
+        assert (d["logger"], d["level"], d["sha256"]) == ("normserve.models", "info", sha256)
+        found = re.fullmatch(
+            rf"loaded model {name} version {version} \(sha256 {sha256[:12]}\.\.\.\) in (\d+\.\d{{3}}) s; "
+            r"parity warm-up max abs diff (\d\.\d\de[-+]\d\d)",
+            d["msg"],
+        )
+        assert found is not None, d["msg"]
+        diff = ready["parity_max_abs_diff"][f"{name}/{version}"]
+        assert float(found[1]) > 0 and found[2] == f"{diff:.2e}" and 0 <= diff < 1e-4
 
 
 def test_every_line_is_a_json_object_with_time_level_logger_and_message(logged: LoggedServer) -> None:

@@ -36,8 +36,20 @@ ENCODER_ROW = [SECRET] + [0.25] * 127
 REQUESTS = [
     # (method, path, json body, route, status, model)
     ("POST", "/normalize", {"data": [[SECRET, 0.2, 0.3]]}, "/normalize", 200, "layernorm"),
-    ("POST", "/normalize", {"data": [[SECRET, 0.2], [0.3]]}, "/normalize", 422, None),
-    ("POST", "/normalize", {"data": [[SECRET, 0.2]], "backend": "numpy"}, "/normalize", 200, None),
+    # /normalize resolves its model (default layernorm) before it reads data: a bad tensor or the numpy backend
+    # still names it; an unknown model names none
+    ("POST", "/normalize", {"data": [[SECRET, 0.2], [0.3]]}, "/normalize", 422, "layernorm"),
+    ("POST", "/normalize", {"data": [[SECRET, 0.2]], "backend": "numpy"}, "/normalize", 200, "layernorm"),
+    (
+        "POST",
+        "/normalize",
+        {"data": [[SECRET, 0.2]], "model": "layernorm", "version": 1},
+        "/normalize",
+        200,
+        "layernorm",
+    ),
+    ("POST", "/normalize", {"data": [[SECRET, 0.2]], "model": "gpt"}, "/normalize", 404, None),
+    ("POST", "/normalize", {"data": [[SECRET, 0.2]], "version": 2}, "/normalize", 404, None),
     ("POST", "/encode", {"data": [ENCODER_ROW], "model": "encoder-preln"}, "/encode", 200, "encoder-preln"),
     (
         "POST",

@@ -105,13 +105,20 @@ def test_start_verifies_warms_up_and_then_makes_the_worker_ready(lifecycle_log: 
     assert (worker.admission.ready, worker.admission.not_ready_reason) == (False, "models are loading")
     worker.start()
     assert worker.admission.ready and worker.admission.accepting
-    assert sorted(worker.runtime.models) == MODEL_NAMES
+    assert [(m.name, m.version) for m in worker.runtime.models] == [(name, "1") for name in MODEL_NAMES]
+    assert {name: sorted(versions) for name, versions in worker.runtime.serving.items()} == {
+        name: [1] for name in MODEL_NAMES
+    }
     (ready,) = own_lines(lifecycle_log, logging.INFO)
-    diffs: dict[str, float] = vars(ready)["parity_max_abs_diff"]  # an `extra` field of the record
-    assert sorted(diffs) == MODEL_NAMES and all(0 <= d < 1e-4 for d in diffs.values())
-    for name, model in worker.runtime.models.items():  # the gauges of /metrics hold what this start measured
-        assert REGISTRY.get_sample_value("normserve_model_load_seconds", {"model": name}) == model.load_seconds > 0
-        assert REGISTRY.get_sample_value("normserve_model_parity_max_abs_diff", {"model": name}) == diffs[name]
+    diffs: dict[str, float] = vars(ready)["parity_max_abs_diff"]  # an `extra` field of the record, by name/version
+    assert sorted(diffs) == sorted(f"{name}/1" for name in MODEL_NAMES) and all(0 <= d < 1e-4 for d in diffs.values())
+    loaded = [r.getMessage() for r in lifecycle_log if r.name == "normserve.models" and r.levelno == logging.INFO]
+    assert [m.split(" (sha256")[0] for m in loaded] == [f"loaded model {name} version 1" for name in MODEL_NAMES]
+    for model in worker.runtime.models:  # the gauges of /metrics hold what this start measured
+        labels = {"model": model.name, "version": model.version}
+        assert REGISTRY.get_sample_value("normserve_model_load_seconds", labels) == model.load_seconds > 0
+        assert REGISTRY.get_sample_value("normserve_model_parity_max_abs_diff", labels) == diffs[f"{model.name}/1"]
+        assert REGISTRY.get_sample_value("normserve_model_ready", labels) == 1.0
 
 
 @pytest.mark.parametrize("how", BROKEN)
@@ -135,29 +142,33 @@ def test_start_with_a_broken_model_dir_leaves_the_worker_live_but_not_ready_with
 def test_start_with_weights_that_fail_the_parity_warm_up_is_not_ready(tmp_path: Path) -> None:
     models = tmp_path / "models"
     shutil.copytree(MODELS, models)
-    manifest = json.loads((models / "manifest.json").read_text())
-    entry = manifest["models"]["encoder"]["weights"]
-    with np.load(models / entry["file"]) as npz:
+    folder = models / "encoder/1"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    with np.load(folder / "weights.npz") as npz:
         weights = {k: npz[k] for k in npz.files}
     name = next(k for k in sorted(weights) if k.endswith("weight") and weights[k].ndim == 2)
-    np.savez(models / entry["file"], **{**weights, name: weights[name] * 1.01})  # the reference now differs
-    entry["sha256"] = hashlib.sha256((models / entry["file"]).read_bytes()).hexdigest()  # sha256 checks pass
-    (models / "manifest.json").write_text(json.dumps(manifest))
-    runtime = Runtime(Settings(model_dir=models))
-    runtime.load()
-    diff, atol = runtime.get("encoder").warm_up()  # the same fixed-input warm-up, run here once more
+    np.savez(folder / "weights.npz", **{**weights, name: weights[name] * 1.01})  # the reference now differs
+    manifest["files"]["weights.npz"] = hashlib.sha256((folder / "weights.npz").read_bytes()).hexdigest()  # sha256 ok
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    model = Runtime(Settings(model_dir=models)).build("encoder", 1)  # built: sha256 and session pass
+    diff, atol = model.warm_up()  # the same fixed-input warm-up, run here once more
     assert diff > atol
+    labels = {"model": "encoder", "version": "1"}
+    failures = REGISTRY.get_sample_value("normserve_model_load_failures_total", labels) or 0.0
     worker = Worker(Settings(model_dir=models))
     worker.start()
     assert not worker.admission.ready
     assert worker.admission.not_ready_reason == (
-        f"model check failed: {models}/encoder.onnx: parity warm-up failed, max abs diff {diff:.3g} > {atol:.3g}"
+        f"model check failed: {folder}/model.onnx: parity warm-up failed, max abs diff {diff:.3g} > {atol:.3g}"
     )
+    assert worker.runtime.models == []  # no model serves: the start-up set changes together
+    assert REGISTRY.get_sample_value("normserve_model_load_failures_total", labels) == failures + 1
 
 
 def test_warm_up_runs_show_in_the_inference_metric_but_are_no_executions_of_the_statistics() -> None:
     def warm_up_runs() -> float:
-        return REGISTRY.get_sample_value("normserve_inference_duration_seconds_count", {"model": "layernorm"}) or 0.0
+        labels = {"model": "layernorm", "version": "1"}
+        return REGISTRY.get_sample_value("normserve_inference_duration_seconds_count", labels) or 0.0
 
     before = warm_up_runs()
     worker = started()
@@ -170,27 +181,57 @@ def test_warm_up_runs_show_in_the_inference_metric_but_are_no_executions_of_the_
 
 
 @pytest.mark.parametrize(
-    ("name", "version"), [("layernorm", None), ("layernorm", "1"), ("encoder", None), ("encoder-preln", "1")]
+    ("name", "version"),
+    [
+        ("layernorm", None),
+        ("layernorm", "1"),
+        ("layernorm", 1),
+        ("layernorm", ""),
+        ("encoder", None),
+        ("encoder-preln", "1"),
+    ],
 )
-def test_model_of_a_ready_worker_is_the_loaded_model(ready_worker: Worker, name: str, version: str | None) -> None:
+def test_model_of_a_ready_worker_is_the_loaded_model(
+    ready_worker: Worker, name: str, version: str | int | None
+) -> None:
     model = ready_worker.model(name, version)
-    assert model is ready_worker.runtime.models[name] and model.version == "1"
+    assert model is ready_worker.runtime.serving[name][1] and model.version == "1"
 
 
 @pytest.mark.parametrize(
     ("name", "version", "message"),
     [
         ("gpt", None, "model: unknown model 'gpt'; available: encoder, encoder-preln, layernorm"),
-        ("layernorm", "2", "version: model 'layernorm' has no version '2'; available: 1"),
+        ("layernorm", "2", "version: model 'layernorm' has no ready version '2'; ready: 1"),
+        ("encoder", 7, "version: model 'encoder' has no ready version 7; ready: 1"),
     ],
 )
 def test_model_unknown_to_a_ready_worker_is_not_found_404(
-    ready_worker: Worker, name: str, version: str | None, message: str
+    ready_worker: Worker, name: str, version: str | int | None, message: str
 ) -> None:
     with pytest.raises(ModelNotFound) as e:
         ready_worker.model(name, version)
     assert e.value.message == message
     assert status_for(e.value, v2=False) == status_for(e.value, v2=True) == 404
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "message"),
+    [
+        ("layernorm", "1e9", "version: expected a positive integer version (1..2147483647), got '1e9'"),
+        ("layernorm", "01", "version: expected a positive integer version (1..2147483647), got '01'"),
+        ("layernorm", 0, "version: expected a positive integer version (1..2147483647), got 0"),
+        ("layernorm", "2147483648", "version: expected a positive integer version (1..2147483647), got '2147483648'"),
+        ("../models", None, "model: expected a model name matching [A-Za-z0-9][A-Za-z0-9_.-]{0,63}, got '../models'"),
+    ],
+)
+def test_a_malformed_name_or_version_is_invalid_422_or_400(
+    ready_worker: Worker, name: str, version: str | int | None, message: str
+) -> None:
+    with pytest.raises(InvalidInput) as e:
+        ready_worker.model(name, version)
+    assert e.value.message == message
+    assert (status_for(e.value, v2=False), status_for(e.value, v2=True)) == (422, 400)
 
 
 @pytest.mark.parametrize(("name", "version"), [("layernorm", None), ("gpt", None), ("layernorm", "2")])
@@ -347,10 +388,14 @@ def test_a_request_abandoned_by_a_timed_out_drain_is_not_ready_and_its_job_keeps
 def normalize_job(worker: Worker, timer: InferTimer, body: bytes) -> Callable[[], bytes]:
     """The job POST /normalize builds: it names its model before decoding, so a bad body counts as its failure."""
 
-    def decode() -> tuple[Model, NormalizeInput, None]:
-        model = worker.model("layernorm")
+    def resolve(name: str, version: int | str | None) -> Model:
+        model = worker.model(name, version)
         timer.model = (model.name, model.version)
-        return model, codec.decode_normalize(body, worker.settings), None
+        return model
+
+    def decode() -> tuple[Model, NormalizeInput, None]:
+        model, req = codec.decode_normalize(body, worker.settings, resolve)
+        return model, req, None
 
     return staged(timer, decode, lambda _, out: codec.encode_normalize(out))
 

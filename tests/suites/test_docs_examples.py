@@ -72,6 +72,27 @@ SKIPPED: dict[tuple[str, str], str] = {
         "kubectl port-forward svc/normserve 8000:80 &  # then: curl -s 127.0.0.1:8000/v2/health/ready",
     ): "needs a Kubernetes cluster running the Deployment above",
 }
+# README's walkthrough of a user's model: a second server in explicit mode "in another terminal", and exports
+# that write into a repository of the user's; tests/cli/test_models.py and tests/suites/test_rollout.py run it.
+WALKTHROUGH = (
+    "cp -r models my-models",
+    "normserve export encoder --name my-encoder --checkpoint docs/checkpoints/my-encoder.pt --num-heads 4 "
+    "--repository my-models",
+    "NORMSERVE_MODEL_DIR=my-models NORMSERVE_MODEL_CONTROL=explicit NORMSERVE_ADMIN_TOKEN=change-me normserve serve"
+    "   # in another terminal",
+    "export NORMSERVE_ADMIN_TOKEN=change-me",
+    "normserve models list",
+    'curl -s 127.0.0.1:8000/encode -H \'Content-Type: application/json\' -d \'{"model": "my-encoder", '
+    '"validate": true, "data": [[0.5, -1.0, 0.25, 2.0, …32 numbers…]]}\'',
+    "normserve models load my-encoder",
+)
+SKIPPED |= {
+    (
+        "README.md",
+        command,
+    ): "a walkthrough with its own server in explicit mode; tests/cli/test_models.py runs its steps"
+    for command in WALKTHROUGH
+}
 
 # (file, first line of a ```python block): the file of the repository it quotes.
 QUOTED: dict[tuple[str, str], str] = {

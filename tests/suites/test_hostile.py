@@ -206,11 +206,11 @@ HOSTILE: list[Any] = [
         422,
         400,
         {
-            LN: "\\u202e\\u200bdata: unknown field; expected only data, gamma, beta, normalized_shape, eps, eps_mode,"
-            " backend, validate",
-            ENC: "\\u202e\\u200bdata: unknown field; expected only data, padding_mask, model, validate",
-            LN_V2: "\\u202e\\u200bdata: unknown field; expected only id, parameters, inputs, outputs",
-            ENC_V2: "\\u202e\\u200bdata: unknown field; expected only id, parameters, inputs, outputs",
+            LN: "\\u202e\\u200bdata: unknown field; expected only data, gamma, beta, model, version, normalized_shape, eps,"
+            " eps_mode, backend, validate",
+            ENC: "\\u202e\\u200bdata: unknown field; expected only data, padding_mask, model, version, validate",
+            LN_V2: "\\u202e\\u200bdata: unknown field; expected only id, model_name, model_version, parameters, inputs, outputs",
+            ENC_V2: "\\u202e\\u200bdata: unknown field; expected only id, model_name, model_version, parameters, inputs, outputs",
         },
         id="unicode-bidi-field",
     ),
@@ -238,11 +238,11 @@ HOSTILE: list[Any] = [
         422,
         400,
         {
-            LN: "colour: unknown field; expected only data, gamma, beta, normalized_shape, eps, eps_mode, backend,"
-            " validate",
-            ENC: "colour: unknown field; expected only data, padding_mask, model, validate",
-            LN_V2: "colour: unknown field; expected only id, parameters, inputs, outputs",
-            ENC_V2: "colour: unknown field; expected only id, parameters, inputs, outputs",
+            LN: "colour: unknown field; expected only data, gamma, beta, model, version, normalized_shape, eps,"
+            " eps_mode, backend, validate",
+            ENC: "colour: unknown field; expected only data, padding_mask, model, version, validate",
+            LN_V2: "colour: unknown field; expected only id, model_name, model_version, parameters, inputs, outputs",
+            ENC_V2: "colour: unknown field; expected only id, model_name, model_version, parameters, inputs, outputs",
         },
         id="extra-field",
     ),

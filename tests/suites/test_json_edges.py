@@ -36,8 +36,8 @@ LN, ENC, LN_V2, ENC_V2 = ENDPOINTS
 V2_ENDPOINTS = [LN_V2, ENC_V2]
 OK = (200, "")  # a 200 whose values are checked against the reference
 REST_FIELDS = {
-    LN: "data, gamma, beta, normalized_shape, eps, eps_mode, backend, validate",
-    ENC: "data, padding_mask, model, validate",
+    LN: "data, gamma, beta, model, version, normalized_shape, eps, eps_mode, backend, validate",
+    ENC: "data, padding_mask, model, version, validate",
 }
 Build = Callable[[str], bytes]
 Outcome = dict[str, tuple[int, str]]
@@ -75,7 +75,7 @@ def many_keys(n: int) -> bytes:
 
 def unknown_field(key: str) -> Outcome:
     """The answer to an unknown top-level field, named as the message escapes it."""
-    v2 = (400, f"{key}: unknown field; expected only id, parameters, inputs, outputs")
+    v2 = (400, f"{key}: unknown field; expected only id, model_name, model_version, parameters, inputs, outputs")
     return {
         LN: (422, f"{key}: unknown field; expected only {REST_FIELDS[LN]}"),
         ENC: (422, f"{key}: unknown field; expected only {REST_FIELDS[ENC]}"),
@@ -215,12 +215,12 @@ V2_ROWS: list[Any] = [
     # values the protocol's schema refuses, which the codec took for absent (found by tests/suites/test_fuzz.py)
     pytest.param(
         lead_input(b'"parameters": []'),
-        v2_error("inputs.input: parameters [] are not supported; only binary_data_size is"),
+        v2_error("inputs.input: parameters [] are not supported; only binary_data_size or content_type is"),
         id="input-parameters-list",
     ),
     pytest.param(
         lead_input(b'"parameters": false'),
-        v2_error("inputs.input: parameters False are not supported; only binary_data_size is"),
+        v2_error("inputs.input: parameters False are not supported; only binary_data_size or content_type is"),
         id="input-parameters-false",
     ),
     pytest.param(

@@ -1,8 +1,11 @@
-"""deploy/: the Kubernetes manifests against the schemas kubernetes-validate ships, and the KServe InferenceService."""
+"""deploy/ and docker-compose.yml: the Kubernetes manifests against the schemas kubernetes-validate ships, the
+KServe ServingRuntime and InferenceService, and where each of them finds the model repository."""
 
 from __future__ import annotations
 
 import copy
+import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ import pytest
 import yaml
 from starlette.routing import Match
 
+from app.core.repository import FORMAT_VERSION, MANIFEST, Repository
 from app.main import app
 from app.settings import Settings
 from tests.live_server import ROOT
@@ -19,10 +23,22 @@ from tests.live_server import ROOT
 K8S_VERSION = "1.32.0"
 K8S_DIR = ROOT / "deploy" / "k8s"
 ISVC = ROOT / "deploy" / "kserve" / "inferenceservice.yaml"
+RUNTIME = ROOT / "deploy" / "kserve" / "servingruntime.yaml"
+COMPOSE = ROOT / "docker-compose.yml"
+KSERVE_MODEL_DIR = "/mnt/models"  # where KServe's storage initializer mounts or downloads a storageUri
+# The image's own repository (the Dockerfile's ENV), which the seed copies from.
+(IMAGE_MODEL_DIR,) = re.findall(r"NORMSERVE_MODEL_DIR=(\S+)", (ROOT / "Dockerfile").read_text())
 # KServe's ComponentExtensionSpec: the predictor's keys that are not part of its inline PodSpec.
 KSERVE_EXTENSION_KEYS = {
     "minReplicas", "maxReplicas", "scaleTarget", "scaleMetric", "containerConcurrency", "timeout",
     "canaryTrafficPercent", "logger", "batcher", "labels", "annotations", "deploymentStrategy",
+}  # fmt: skip
+# KServe's ModelSpec: the keys of predictor.model beside the Container fields it inlines.
+KSERVE_MODEL_KEYS = {"modelFormat", "runtime", "protocolVersion", "storageUri"}
+# KServe's ServingRuntimeSpec: the keys that are not part of its inline PodSpec.
+KSERVE_RUNTIME_KEYS = {
+    "supportedModelFormats", "protocolVersions", "multiModel", "disabled", "grpcEndpoint", "grpcDataEndpoint",
+    "httpDataEndpoint", "replicas", "storageHelper", "builtInAdapter", "workerSpec", "labels", "annotations",
 }  # fmt: skip
 
 
@@ -54,10 +70,33 @@ def container_port(container: dict[str, Any], name: str | int) -> int:
     return ports[name]
 
 
+def as_pod(spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "normserve"}, "spec": spec}
+
+
+def mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["mountPath"]: m for m in container.get("volumeMounts", [])}
+
+
 @pytest.fixture(scope="module")
 def pod() -> dict[str, Any]:
     spec: dict[str, Any] = manifest("Deployment")["spec"]["template"]["spec"]
     return spec
+
+
+@pytest.fixture(scope="module")
+def seed(pod: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any]
+    (container,) = pod["initContainers"]
+    return container
+
+
+@pytest.fixture(scope="module")
+def runtime() -> dict[str, Any]:
+    doc: dict[str, Any]
+    (doc,) = docs(RUNTIME)
+    assert doc["apiVersion"] == "serving.kserve.io/v1alpha1" and doc["kind"] == "ServingRuntime"
+    return doc
 
 
 # ---- Kubernetes: schema validity -------------------------------------------------------------------------
@@ -122,21 +161,107 @@ def test_deployment_runs_as_the_images_non_root_user_on_a_read_only_root(pod: di
     sc = container["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"]["drop"] == ["ALL"]
-    (mount,) = container["volumeMounts"]
-    assert mount["mountPath"] == "/tmp"
-    assert "emptyDir" in {v["name"]: v for v in pod["volumes"]}[mount["name"]]
+    # The only writable mount is the in-memory /tmp; the repository is read-only.
+    writable = [path for path, m in mounts(container).items() if not m.get("readOnly")]
+    assert writable == ["/tmp"]
+    assert "emptyDir" in {v["name"]: v for v in pod["volumes"]}[mounts(container)["/tmp"]["name"]]
     assert {"requests", "limits"} <= container["resources"].keys()
 
 
-@pytest.mark.parametrize("which", ["deployment", "inferenceservice"])
-def test_every_normserve_variable_is_a_setting_with_a_valid_value(pod: dict[str, Any], which: str) -> None:
-    container = pod["containers"][0] if which == "deployment" else docs(ISVC)[0]["spec"]["predictor"]["containers"][0]
+# ---- Kubernetes: the model repository on a PersistentVolumeClaim ---------------------------------------------
+
+
+def test_repository_claim_is_read_write_many_for_every_replica() -> None:
+    pvc = manifest("PersistentVolumeClaim")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["resources"]["requests"]["storage"]
+
+
+def test_deployment_mounts_the_claim_read_only_at_the_model_dir(pod: dict[str, Any]) -> None:
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mount = mounts(container)[env_of(container)["NORMSERVE_MODEL_DIR"]]
+    assert mount["readOnly"] is True
+    claim = volumes[mount["name"]]["persistentVolumeClaim"]["claimName"]
+    assert claim == manifest("PersistentVolumeClaim")["metadata"]["name"]
+
+
+def test_deployment_polls_the_repository_so_new_versions_roll_out_without_a_restart(pod: dict[str, Any]) -> None:
+    env = env_of(pod["containers"][0])
+    assert env["NORMSERVE_MODEL_CONTROL"] == "poll"
+    # Seconds, not minutes, to a new version; not so often that a pod stats the volume without pause.
+    assert 1 <= float(env["NORMSERVE_POLL_INTERVAL_S"]) <= 60
+
+
+def test_seed_writes_the_claim_from_the_images_models_as_the_pods_user(
+    pod: dict[str, Any], seed: dict[str, Any]
+) -> None:
+    (container,) = pod["containers"]
+    env = env_of(seed)
+    assert seed["image"] == container["image"]  # the models it copies are the ones baked into this image
+    assert env["SEED_FROM"] == IMAGE_MODEL_DIR == "/srv/models"
+    mount = mounts(seed)[env["SEED_INTO"]]
+    assert not mount.get("readOnly") and mount["name"] == mounts(container)["/mnt/models"]["name"]
+    # fsGroup: the volume's group is the image's user's, who may then write it without root.
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"] == 10001
+    sc = seed["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"] and {"requests", "limits"} <= seed["resources"].keys()
+
+
+def test_seed_copies_under_a_hidden_name_then_renames_without_clobbering(seed: dict[str, Any]) -> None:
+    shell, flag, script = seed["command"]
+    assert (shell, flag) == ("sh", "-c")
+    assert '[ -e "$SEED_INTO/$name" ]' in script  # an existing model is skipped before anything is copied
+    assert 'tmp="$SEED_INTO/.seed-' in script and 'cp -R "$src" "$tmp"' in script  # hidden: the server skips it
+    assert 'mv -T "$tmp" "$SEED_INTO/$name"' in script  # -T: never into, or over, a non-empty folder
+    assert "rm -rf" not in script.replace('rm -rf "$tmp"', "")  # nothing but its own temporary copy is removed
+    # Kubernetes expands $(NAME) in a command itself: the script's $(...) must be shell only.
+    assert not re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", script)
+
+
+def _run_seed(seed: dict[str, Any], source: Path, target: Path) -> str:
+    shell, flag, script = seed["command"]
+    env = {"PATH": "/usr/bin:/bin", "SEED_FROM": str(source), "SEED_INTO": str(target)}
+    out = subprocess.run([shell, flag, script], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_seed_fills_an_empty_claim_and_never_touches_an_existing_model(seed: dict[str, Any], tmp_path: Path) -> None:
+    source, target = tmp_path / "image", tmp_path / "claim"
+    for name in ("layernorm", "encoder"):
+        (source / name / "1").mkdir(parents=True)
+        (source / name / "1" / MANIFEST).write_text(f"image {name}")
+    target.mkdir()
+    (target / "encoder" / "3").mkdir(parents=True)  # a user's own encoder, exported into the claim
+    (target / "encoder" / "3" / MANIFEST).write_text("mine")
+
+    first = _run_seed(seed, source, target)
+    assert "layernorm copied" in first and "encoder is there, kept" in first
+    assert (target / "layernorm" / "1" / MANIFEST).read_text() == "image layernorm"
+    assert sorted(p.name for p in (target / "encoder").iterdir()) == ["3"]
+    assert (target / "encoder" / "3" / MANIFEST).read_text() == "mine"
+    assert sorted(p.name for p in target.iterdir()) == ["encoder", "layernorm"]  # no temporary copy left behind
+
+    (target / "layernorm" / "1" / MANIFEST).write_text("changed since")  # a second pod's start: nothing to do
+    assert "copied" not in _run_seed(seed, source, target)
+    assert (target / "layernorm" / "1" / MANIFEST).read_text() == "changed since"
+
+
+@pytest.mark.parametrize("which", ["deployment", "servingruntime"])
+def test_every_normserve_variable_is_a_setting_with_a_valid_value(
+    pod: dict[str, Any], runtime: dict[str, Any], which: str
+) -> None:
+    container = pod["containers"][0] if which == "deployment" else runtime["spec"]["containers"][0]
     env = {k: v for k, v in env_of(container).items() if k.startswith("NORMSERVE_")}
     fields = {name.removeprefix("NORMSERVE_").lower(): value for name, value in env.items()}
     unknown = fields.keys() - Settings.model_fields.keys()
     assert not unknown, f"not settings: {sorted(unknown)}"
-    settings = Settings(**fields)  # pydantic parses the strings as the service will
+    settings = Settings.model_validate(fields)  # pydantic parses the strings as the service will
     assert settings.port == 8000 and settings.drain_timeout_s == 30
+    # Both serve the volume where it is mounted (KServe's path for a storageUri), and follow it.
+    assert str(settings.model_dir) == KSERVE_MODEL_DIR and settings.model_control == "poll"
 
 
 def test_route_check_can_fail() -> None:
@@ -166,7 +291,7 @@ def test_autoscaler_scales_the_deployment_on_cpu_utilization() -> None:
     assert deployment["spec"]["replicas"] == hpa["spec"]["minReplicas"]
 
 
-# ---- KServe InferenceService -------------------------------------------------------------------------------
+# ---- KServe: the ServingRuntime and the InferenceService that uses it -------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -177,27 +302,93 @@ def predictor() -> dict[str, Any]:
     return spec
 
 
-def test_inferenceservice_is_a_custom_predictor_speaking_v2(predictor: dict[str, Any], pod: dict[str, Any]) -> None:
-    (container,) = predictor["containers"]
-    assert container["name"] == "kserve-container"
+def test_runtime_offers_the_normserve_format_as_kserve_runtimes_do(
+    runtime: dict[str, Any], pod: dict[str, Any]
+) -> None:
+    spec = runtime["spec"]
+    (fmt,) = spec["supportedModelFormats"]
+    assert fmt == {"name": "normserve", "version": str(FORMAT_VERSION), "autoSelect": True}
+    (container,) = spec["containers"]
+    assert container["name"] == "kserve-container"  # the container KServe merges the model spec into
     assert container["image"] == pod["containers"][0]["image"]
-    assert env_of(container)["PROTOCOL"] == "v2"  # KServe's protocol switch for custom containers
     assert container["ports"] == [{"name": "http1", "containerPort": 8000, "protocol": "TCP"}]
-    assert predictor["containerConcurrency"] == int(env_of(container)["NORMSERVE_MAX_IN_FLIGHT"])
+
+
+def test_runtime_lists_grpc_v2_only_when_it_declares_the_grpc_port(runtime: dict[str, Any]) -> None:
+    # Knative routes the declared port only: the protocols offered are those that port speaks.
+    (container,) = runtime["spec"]["containers"]
+    grpc_port = int(env_of(container).get("NORMSERVE_GRPC_PORT", Settings.model_fields["grpc_port"].default))  # 0: off
+    declared = {p["containerPort"] for p in container["ports"] if p["name"] == "h2c"}
+    assert "v2" in runtime["spec"]["protocolVersions"]
+    assert ("grpc-v2" in runtime["spec"]["protocolVersions"]) == (grpc_port in declared)
 
 
 @pytest.mark.parametrize(
     ("probe", "path"), [("readinessProbe", "/v2/health/ready"), ("livenessProbe", "/v2/health/live")]
 )
-def test_inferenceservice_probes_hit_the_v2_health_routes(predictor: dict[str, Any], probe: str, path: str) -> None:
-    get = predictor["containers"][0][probe]["httpGet"]
+def test_runtime_probes_hit_the_v2_health_routes(runtime: dict[str, Any], probe: str, path: str) -> None:
+    (container,) = runtime["spec"]["containers"]
+    get = container[probe]["httpGet"]
     assert (get["path"], get["port"]) == (path, 8000)
     assert routed(path)
 
 
-def test_inferenceservice_pod_spec_is_a_valid_kubernetes_pod_spec(predictor: dict[str, Any]) -> None:
-    """The predictor inlines a PodSpec: with KServe's own keys removed, the rest must be a valid Pod's spec."""
-    assert predictor.keys() & KSERVE_EXTENSION_KEYS  # scaling settings are there
-    spec = {k: v for k, v in predictor.items() if k not in KSERVE_EXTENSION_KEYS}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "normserve-predictor"}, "spec": spec}
-    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+def test_runtime_pod_spec_is_a_valid_kubernetes_pod_spec(runtime: dict[str, Any]) -> None:
+    """The runtime inlines a PodSpec: with KServe's own keys removed, the rest must be a valid Pod's spec."""
+    assert runtime["spec"].keys() & KSERVE_RUNTIME_KEYS  # the formats and protocols are there
+    spec = {k: v for k, v in runtime["spec"].items() if k not in KSERVE_RUNTIME_KEYS}
+    assert kubernetes_validate.validate(as_pod(spec), K8S_VERSION, strict=True) == "1.32"
+
+
+def test_runtime_runs_as_the_images_non_root_user_on_a_read_only_root(runtime: dict[str, Any]) -> None:
+    (container,) = runtime["spec"]["containers"]
+    sc = container["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 10001
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert list(mounts(container)) == ["/tmp"]  # KServe adds /mnt/models itself, read-only
+
+
+def test_inferenceservice_uses_the_runtime_on_the_repository_claim(
+    predictor: dict[str, Any], runtime: dict[str, Any]
+) -> None:
+    # A custom `containers:` list would bypass the runtime: the predictor holds the model spec only.
+    assert predictor.keys() - KSERVE_EXTENSION_KEYS == {"model"}
+    model = predictor["model"]
+    assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
+    assert model["runtime"] == runtime["metadata"]["name"]
+    assert model["protocolVersion"] == "v2" and model["protocolVersion"] in runtime["spec"]["protocolVersions"]
+    assert model["storageUri"] == f"pvc://{manifest('PersistentVolumeClaim')['metadata']['name']}/"
+
+
+def test_inferenceservice_limits_match_the_runtimes_settings(
+    predictor: dict[str, Any], runtime: dict[str, Any]
+) -> None:
+    env = env_of(runtime["spec"]["containers"][0])
+    assert predictor["containerConcurrency"] == int(env["NORMSERVE_MAX_IN_FLIGHT"])  # the queue never overfills a pod
+    assert predictor["timeout"] == float(env["NORMSERVE_REQUEST_TIMEOUT_S"])
+
+
+def test_inferenceservice_model_spec_is_a_valid_container_override(predictor: dict[str, Any]) -> None:
+    """Beside KServe's keys, predictor.model inlines a Container: a misspelled key (storageURI) would fail here."""
+    assert predictor["model"].keys() >= KSERVE_MODEL_KEYS
+    overrides = {k: v for k, v in predictor["model"].items() if k not in KSERVE_MODEL_KEYS}
+    container = {"name": "kserve-container", "image": "normserve:latest", **overrides}
+    kubernetes_validate.validate(as_pod({"containers": [container]}), K8S_VERSION, strict=True)
+    broken = {**container, "storageURI": predictor["model"]["storageUri"]}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(as_pod({"containers": [broken]}), K8S_VERSION, strict=True)
+
+
+# ---- docker compose ------------------------------------------------------------------------------------------------
+
+
+def test_compose_replicas_poll_the_hosts_models_folder_read_only() -> None:
+    service = yaml.safe_load(COMPOSE.read_text())["x-normserve"]
+    env = service["environment"]
+    (volume,) = service["volumes"]
+    assert (volume["type"], volume["source"], volume["read_only"]) == ("bind", "./models", True)
+    assert volume["target"] == env["NORMSERVE_MODEL_DIR"] and env["NORMSERVE_MODEL_CONTROL"] == "poll"
+    assert volume["bind"]["create_host_path"] is False  # a missing folder fails the start, not the requests
+    # What the replicas then serve: the checkout's repository, the image's three models.
+    repository = Repository(ROOT / volume["source"])
+    assert repository.names() == ["encoder", "encoder-preln", "layernorm"]

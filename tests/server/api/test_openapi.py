@@ -13,11 +13,14 @@ import pytest
 from app.main import create_app
 
 DOCUMENT = create_app().openapi()
-MODEL = [200, 404, 503]  # a model-scoped GET: unknown model 404, models still loading 503
+# a model-scoped GET: a name or version that is no name or version 400, unknown model or version 404,
+# models still loading 503
+MODEL = [200, 400, 404, 503]
 INFER = [200, 400, 404, 408, 413, 415, 503, 504]
+REPOSITORY_CONTROL = [200, 400, 401, 403, 404]  # 401/403: the admin token, or model control that is not explicit
 
 STATUSES = {
-    "POST /normalize": [200, 400, 408, 413, 415, 422, 503, 504],
+    "POST /normalize": [200, 400, 404, 408, 413, 415, 422, 503, 504],  # 404: `model` or `version` unknown
     "POST /encode": [200, 400, 404, 408, 413, 415, 422, 503, 504],
     "GET /v2/health/live": [200],
     "GET /v2/health/ready": [200, 503],
@@ -31,6 +34,11 @@ STATUSES = {
     "POST /v2/models/{name}/versions/{version}/infer": INFER,
     "GET /v2/models/{name}/stats": MODEL,
     "GET /v2/models/{name}/versions/{version}/stats": MODEL,
+    "GET /v2/models/{name}/config": MODEL,
+    "GET /v2/models/{name}/versions/{version}/config": MODEL,
+    "POST /v2/repository/index": [200, 400, 401, 403],
+    "POST /v2/repository/models/{name}/load": REPOSITORY_CONTROL,
+    "POST /v2/repository/models/{name}/unload": REPOSITORY_CONTROL,
     "GET /metrics": [200],
 }
 

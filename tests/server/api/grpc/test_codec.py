@@ -117,7 +117,8 @@ def test_a_request_breaking_a_rule_is_refused_with_its_field(runtime: Runtime, r
         ),
         (
             lambda t: setattr(t.parameters["shared_memory_region"], "string_param", "region0"),
-            "inputs.input: parameters {'shared_memory_region': 'region0'} are not supported; only binary_data_size is",
+            "inputs.input: parameters {'shared_memory_region': 'region0'} are not supported; "
+            "only binary_data_size or content_type is",
         ),
     ],
     ids=["wrong-typed-field", "count", "shared-memory"],

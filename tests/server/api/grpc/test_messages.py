@@ -10,8 +10,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from app import __version__
 from app.core.runtime import Runtime
-from app.server.admission import Admission
 from app.server.api.grpc import messages
+from app.server.control import ModelControl
 from app.server.statistics import InferTimer, Statistics
 
 MODELS = ["encoder", "encoder-preln", "layernorm"]
@@ -22,15 +22,19 @@ def test_server_metadata_names_normserve_and_its_grpc_extensions() -> None:
     assert (meta.name, meta.version, list(meta.extensions)) == (
         "normserve",
         __version__,
-        ["parameters", "statistics", "model_configuration"],
+        ["parameters", "statistics", "model_configuration", "model_repository"],
     )
 
 
+@pytest.mark.parametrize("versions", [None, ["1", "2", "10"]], ids=["the-models", "every-serving-version"])
 @pytest.mark.parametrize("name", MODELS)
-def test_model_metadata_is_the_models_v2_metadata(runtime: Runtime, name: str) -> None:
-    model = runtime.get(name)
-    got = json_format.MessageToDict(messages.model_metadata(model), preserving_proto_field_name=True)
-    want = dict(model.metadata)
+def test_model_metadata_is_the_v2_metadata_it_is_given(runtime: Runtime, name: str, versions: list[str] | None) -> None:
+    meta = dict(runtime.get(name).metadata)
+    if versions is not None:  # what Worker.metadata answers without a version: every version serving
+        meta["versions"] = versions
+    got = json_format.MessageToDict(messages.model_metadata(meta), preserving_proto_field_name=True)
+    assert got["versions"] == (versions or ["1"])
+    want = dict(meta)
     want["inputs"] = [{**t, "shape": [str(d) for d in t["shape"]]} for t in want["inputs"]]  # int64 as JSON strings
     want["outputs"] = [{**t, "shape": [str(d) for d in t["shape"]]} for t in want["outputs"]]
     assert got == want
@@ -45,12 +49,14 @@ def test_layernorm_config_has_optional_affine_inputs_and_no_batch_dim(runtime: R
         0,
     )
     assert [(i.name, i.data_type, list(i.dims), i.optional) for i in config.input] == [
-        ("input", mc.TYPE_FP32, [-1], False),
+        ("input", mc.TYPE_FP32, [-1, -1], False),
         ("gamma", mc.TYPE_FP32, [-1], True),
         ("beta", mc.TYPE_FP32, [-1], True),
     ]
-    assert [(o.name, o.data_type) for o in config.output] == [
-        (n, mc.TYPE_FP32) for n in ("output", "mean", "inv_std_dev")
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [
+        ("output", mc.TYPE_FP32, [-1, -1]),
+        ("mean", mc.TYPE_FP32, [-1]),
+        ("inv_std_dev", mc.TYPE_FP32, [-1]),
     ]
 
 
@@ -90,21 +96,29 @@ def _int64_as_strings(value: Any) -> Any:
     return str(value) if isinstance(value, int) else value
 
 
+ROWS = [
+    {"name": "encoder", "version": "1", "state": "READY", "reason": ""},
+    {"name": "layernorm", "version": "1", "state": "READY", "reason": ""},
+    {"name": "layernorm", "version": "2", "state": "UNAVAILABLE", "reason": "not loaded"},
+    {"name": "layernorm", "version": "3", "state": "LOADING", "reason": ""},
+]
+
+
 @pytest.mark.parametrize(
-    ("ready", "ready_only", "expected"),
+    ("ready_only", "expected"),
     [
-        (True, False, [(m, "1", "READY", "") for m in MODELS]),
-        (True, True, [(m, "1", "READY", "") for m in MODELS]),
-        (False, False, [(m, "1", "UNAVAILABLE", "parity warm-up running") for m in MODELS]),
-        (False, True, []),
+        (False, [tuple(row.values()) for row in ROWS]),
+        (True, [("encoder", "1", "READY", ""), ("layernorm", "1", "READY", "")]),
     ],
+    ids=["all", "ready-only"],
 )
-def test_repository_index_lists_models_with_the_workers_state(
-    runtime: Runtime, ready: bool, ready_only: bool, expected: list[tuple[str, str, str, str]]
+def test_repository_index_lists_the_control_rows_and_ready_only_keeps_the_ready_ones(
+    ready_only: bool, expected: list[tuple[str, str, str, str]]
 ) -> None:
-    admission = Admission(4)
-    admission.ready = ready
-    admission.not_ready_reason = "parity warm-up running"
-    models = [runtime.get(m) for m in MODELS]
-    index = messages.repository_index(models, admission, ready_only)
+    index = messages.repository_index(ROWS, ready_only)
     assert [(m.name, m.version, m.state, m.reason) for m in index.models] == expected
+
+
+def test_repository_index_of_a_loaded_runtime_has_every_version_ready(runtime: Runtime) -> None:
+    index = messages.repository_index(ModelControl(runtime).index(), ready_only=False)
+    assert [(m.name, m.version, m.state, m.reason) for m in index.models] == [(m, "1", "READY", "") for m in MODELS]

@@ -93,7 +93,7 @@ def test_server_is_live_and_ready_and_names_itself(triton: tg.InferenceServerCli
     assert meta == {
         "name": "normserve",
         "version": __version__,
-        "extensions": ["parameters", "statistics", "model_configuration"],
+        "extensions": ["parameters", "statistics", "model_configuration", "model_repository"],
     }
 
 
@@ -293,7 +293,7 @@ ERRORS = [
     pytest.param("layernorm", [("input", X23)], {"eps": -1}, None, "StatusCode.INVALID_ARGUMENT", "parameters.eps: expected a finite number > 0, got -1", id="eps"),
     pytest.param("layernorm", [("input", X23)], {"eps_mode": "both"}, None, "StatusCode.INVALID_ARGUMENT", "parameters.eps_mode: expected 'var' or 'std', got 'both'", id="eps-mode"),
     pytest.param("layernorm", [("input", X23)], {"normalized_ndim": 3}, None, "StatusCode.INVALID_ARGUMENT", "parameters.normalized_ndim: expected an integer in 1..2 (the input's rank), got 3", id="normalized-ndim"),
-    pytest.param("layernorm", [("input", X23)], {"alpha": 1}, None, "StatusCode.INVALID_ARGUMENT", "alpha: unknown parameter for model 'layernorm'; expected one of eps, eps_mode, normalized_ndim, binary_data_output, sequence_id, sequence_start, sequence_end, priority, timeout", id="unknown-parameter"),
+    pytest.param("layernorm", [("input", X23)], {"epsilon": 1e-3}, None, "StatusCode.INVALID_ARGUMENT", "parameters.epsilon: unknown parameter for model 'layernorm'; did you mean 'eps'? (it reads eps, eps_mode, normalized_ndim; other names are ignored)", id="misspelt-parameter"),
     pytest.param("layernorm", [("input", NAN)], {}, None, "StatusCode.INVALID_ARGUMENT", "inputs.input: element [0, 1] = nan is outside float32's finite range (|x| <= 3.402823e+38)", id="nan"),
     pytest.param("encoder", [("input", np.zeros((1, 2, 3), np.float32))], {}, None, "StatusCode.INVALID_ARGUMENT", "inputs.input: last dimension is 3, expected d_model = 128", id="d-model"),
     pytest.param("encoder", [("input", np.zeros((4, 128), np.float32))], {}, None, "StatusCode.INVALID_ARGUMENT", "inputs.input: rank 2 (shape [4, 128]); expected [batch, seq, 128]", id="encoder-rank"),
@@ -325,6 +325,18 @@ def test_a_bad_request_gets_the_http_message_and_the_server_goes_on(
     assert (over_grpc.value.status(), over_grpc.value.message()) == (status, message)
     assert over_http.value.message() == message
     assert_still_answers(triton)
+
+
+@pytest.mark.parametrize("params", [{"alpha": 1}, {"content_type": "np", "trace": "t1"}], ids=["one", "two"])
+def test_unknown_parameters_are_ignored_and_http_answers_them_back(
+    triton: tg.InferenceServerClient, http: Any, params: dict[str, Any]
+) -> None:
+    got, over_http = both(triton, http, "layernorm", [("input", X23)], parameters=params)
+    assert over_http.get_response()["parameters"] == {"ignored_parameters": ",".join(sorted(params))}
+    want = ln_reference(X23, 1, 1e-5, "var")
+    for name in LN_OUTPUTS:
+        np.testing.assert_array_equal(got.as_numpy(name), over_http.as_numpy(name))
+        np.testing.assert_allclose(got.as_numpy(name), want[name], atol=LN_ATOL * (1 if name == "output" else 1e3))
 
 
 def test_a_client_deadline_shorter_than_the_inference_is_deadline_exceeded(

@@ -32,11 +32,14 @@ def test_golden_vectors_on_both_backends(client: httpx.Client, backend: str, exa
     assert body["backend"] == backend
 
 
-def test_onnxruntime_result_names_the_exact_model_file(client: httpx.Client) -> None:
-    manifest = json.loads((MODELS / "manifest.json").read_text())
-    body = client.post("/normalize", json={"data": [[1.0, 2.0]]}).json()
-    assert body["model"] == {"name": "layernorm", "version": "1", "sha256": manifest["models"]["layernorm"]["sha256"]}
-    assert client.post("/normalize", json={"data": [[1.0, 2.0]], "backend": "numpy"}).json()["model"] is None
+@pytest.mark.parametrize(
+    "fields", [{}, {"version": 1}, {"model": "layernorm", "version": "1"}], ids=["default", "int", "str"]
+)
+def test_onnxruntime_result_names_the_exact_model_file(client: httpx.Client, fields: dict[str, object]) -> None:
+    manifest = json.loads((MODELS / "layernorm/1/manifest.json").read_text())
+    body = client.post("/normalize", json={"data": [[1.0, 2.0]], **fields}).json()
+    assert body["model"] == {"name": "layernorm", "version": "1", "sha256": manifest["files"]["model.onnx"]}
+    assert client.post("/normalize", json={"data": [[1.0, 2.0]], "backend": "numpy", **fields}).json()["model"] is None
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "numpy"])

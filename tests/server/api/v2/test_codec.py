@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import hashlib
-import json
-import shutil
 import socket
 import struct
 import time
@@ -21,7 +18,8 @@ import pytest
 
 from app.core.runtime import Runtime
 from app.core.seeds import SEED003
-from tests.live_server import MODELS, live_server
+from tests.live_server import live_server
+from tests.server.model_dirs import broken_copy, not_ready_reason
 
 LN = "/v2/models/layernorm/infer"
 ENC = "/v2/models/encoder/infer"
@@ -93,8 +91,32 @@ ERRORS = [
         _json(_fp32([1.0]), colour=1),
         {},
         400,
-        "colour: unknown field; expected only id, parameters, inputs, outputs",
+        "colour: unknown field; expected only id, model_name, model_version, parameters, inputs, outputs",
         id="unknown-field",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1.0]), model_name="encoder"),
+        {},
+        400,
+        "model_name: 'encoder' is not the model of the URL, 'layernorm'",
+        id="body-model-name",
+    ),
+    pytest.param(
+        LN,
+        _json(_fp32([1.0]), model_version="2"),
+        {},
+        400,
+        "model_version: '2' is not the version that serves this request, 1",
+        id="body-model-version",
+    ),
+    pytest.param(
+        "/v2/models/layernorm/versions/1/infer",
+        _json(_fp32([1.0]), model_version=2),
+        {},
+        400,
+        "model_version: 2 is not the version that serves this request, 1",
+        id="body-model-version-int",
     ),
     pytest.param(LN, _json(_fp32([1.0]), id=5), {}, 400, "id: expected a string, got 5", id="id-not-string"),
     pytest.param(
@@ -242,21 +264,38 @@ ERRORS = [
         "parameters.eps_mode: expected 'var' or 'std', got 'rms'",
         id="eps-mode",
     ),
-    pytest.param(
-        LN,
-        _json(_fp32([1.0, 2.0]), parameters={"colour": 1}),
-        {},
-        400,
-        "colour: unknown parameter for model 'layernorm'; expected one of eps, eps_mode, normalized_ndim, binary_data_output, sequence_id, sequence_start, sequence_end, priority, timeout",
-        id="unknown-param",
+    *(
+        pytest.param(
+            LN,
+            _json(_fp32([1.0, 2.0]), parameters={"colour": 1, name: 1e-3}),
+            {},
+            400,
+            f"parameters.{name}: unknown parameter for model 'layernorm'; did you mean '{known}'? "
+            "(it reads eps, eps_mode, normalized_ndim; other names are ignored)",
+            id=f"misspelt-param-{name}",
+        )
+        for name, known in [
+            ("epsilon", "eps"),
+            ("Eps", "eps"),
+            ("mode", "eps_mode"),
+            ("normalized-ndim", "normalized_ndim"),
+        ]
     ),
     pytest.param(
-        ENC,
-        _json(_fp32([[[0.0] * D]]), parameters={"eps": 1}),
+        LN,
+        _json({**_fp32([1.0, 2.0]), "parameters": {"content_type": 1}}),
         {},
         400,
-        "eps: unknown parameter for model 'encoder'; expected one of binary_data_output, sequence_id, sequence_start, sequence_end, priority, timeout",
-        id="encoder-param",
+        "inputs.input.parameters.content_type: expected a string, got 1",
+        id="content-type-not-string",
+    ),
+    pytest.param(
+        LN,
+        _json({**_fp32([1.0, 2.0]), "parameters": {"shm": "r0"}}),
+        {},
+        400,
+        "inputs.input: parameters {'shm': 'r0'} are not supported; only binary_data_size or content_type is",
+        id="tensor-param",
     ),
     pytest.param(
         LN,
@@ -351,8 +390,24 @@ ERRORS = [
         _json(_fp32([1.0])),
         {},
         404,
-        "version: model 'layernorm' has no version '2'; available: 1",
+        "version: model 'layernorm' has no ready version '2'; ready: 1",
         id="unknown-version",
+    ),
+    pytest.param(
+        "/v2/models/layernorm/versions/1e9/infer",
+        _json(_fp32([1.0])),
+        {},
+        400,
+        "version: expected a positive integer version (1..2147483647), got '1e9'",
+        id="version-not-an-integer",
+    ),
+    pytest.param(
+        "/v2/models/bad%20name/infer",
+        _json(_fp32([1.0])),
+        {},
+        400,
+        "model: expected a model name matching [A-Za-z0-9][A-Za-z0-9_.-]{0,63}, got 'bad name'",
+        id="model-name",
     ),
     # The binary tensor layout.
     pytest.param(
@@ -472,6 +527,29 @@ def test_content_length_over_limit_is_413_before_the_body_is_read(server: str) -
     assert orjson.loads(body) == {"error": "body: body exceeds 67108864 bytes (NORMSERVE_MAX_BODY_BYTES)"}
 
 
+@pytest.mark.parametrize(
+    ("path", "inputs", "params", "answered"),
+    [
+        (LN, [_fp32([1.0, 2.0])], {"eps": 1e-3, "priority": 1}, None),
+        (LN, [_fp32([1.0, 2.0])], {"colour": 1}, {"ignored_parameters": "colour"}),
+        (LN, [_fp32([1.0, 2.0])], {"trace": "t", "alpha": [1], "eps": 1e-3}, {"ignored_parameters": "alpha,trace"}),
+        (ENC, [_fp32([[[0.0] * D]])], {"eps": 1, "eps_mode": "std"}, {"ignored_parameters": "eps,eps_mode"}),
+        (LN, [{**_fp32([1.0, 2.0]), "parameters": {"content_type": "np"}}], {}, None),
+    ],
+    ids=["known", "unknown", "two-unknown", "encoder-reads-none", "tensor-content-type"],
+)
+def test_unknown_parameters_are_ignored_and_answered_back(
+    client: httpx.Client, path: str, inputs: list[dict[str, Any]], params: dict[str, Any], answered: Any
+) -> None:
+    r = client.post(path, content=_json(*inputs, parameters=params, id="p-1"))
+    plain = client.post(path, content=_json(*inputs, id="p-1"))
+    assert r.status_code == 200, r.text
+    assert r.json().get("parameters") == answered
+    ignored = set(answered["ignored_parameters"].split(",")) if answered else set()
+    if set(params) <= ignored:  # nothing read: the same answer as without them
+        assert {k: v for k, v in r.json().items() if k != "parameters"} == plain.json()
+
+
 @pytest.mark.parametrize("content_type", [None, "text/plain", "application/octet-stream"])
 def test_any_content_type_is_read(client: httpx.Client, content_type: str | None) -> None:
     headers = {"Content-Type": content_type} if content_type else {}
@@ -584,45 +662,70 @@ def test_encoder_equals_post_encode(client: httpx.Client, runtime: Runtime, mode
         (
             "/v2/models/layernorm/versions/2",
             404,
-            {"error": "version: model 'layernorm' has no version '2'; available: 1"},
+            {"error": "version: model 'layernorm' has no ready version '2'; ready: 1"},
         ),
         (
             "/v2/models/layernorm/versions/2/ready",
             404,
-            {"error": "version: model 'layernorm' has no version '2'; available: 1"},
+            {"error": "version: model 'layernorm' has no ready version '2'; ready: 1"},
         ),
         (
             "/v2/models/gpt/stats",
             404,
             {"error": "model: unknown model 'gpt'; available: encoder, encoder-preln, layernorm"},
         ),
+        ("/v2/", 200, None),
+        ("/v2/models/layernorm/config", 200, None),
+        ("/v2/models/layernorm/versions/1/config", 200, None),
+        (
+            "/v2/models/gpt/config",
+            404,
+            {"error": "model: unknown model 'gpt'; available: encoder, encoder-preln, layernorm"},
+        ),
+        (
+            "/v2/models/layernorm/versions/2/config",
+            404,
+            {"error": "version: model 'layernorm' has no ready version '2'; ready: 1"},
+        ),
+        (
+            "/v2/models/layernorm/versions/1e9",
+            400,
+            {"error": "version: expected a positive integer version (1..2147483647), got '1e9'"},
+        ),
+        (
+            "/v2/models/layernorm/versions/0/ready",
+            400,
+            {"error": "version: expected a positive integer version (1..2147483647), got '0'"},
+        ),
+        (
+            "/v2/models/bad%20name/stats",
+            400,
+            {"error": "model: expected a model name matching [A-Za-z0-9][A-Za-z0-9_.-]{0,63}, got 'bad name'"},
+        ),
     ],
 )
 def test_metadata_routes(client: httpx.Client, path: str, status: int, body: dict[str, Any] | None) -> None:
     r = client.get(path)
     assert r.status_code == status, r.text
-    if status == 404:
+    if status >= 400:
         assert body is not None
-        _assert_error(r, 404, body["error"])
+        _assert_error(r, status, body["error"])
     elif body is not None:
         assert r.json() == body
 
 
 def test_not_ready_server_answers_503_on_every_model_route(tmp_path: Path) -> None:
-    models = tmp_path / "models"
-    shutil.copytree(MODELS, models)
-    with (models / "layernorm.onnx").open("ab") as f:
-        f.write(b"\0")  # sha256 mismatch: loading stops there, the encoders before it are loaded
-    tampered = hashlib.sha256((models / "layernorm.onnx").read_bytes()).hexdigest()
-    manifest = json.loads((models / "manifest.json").read_text())["models"]["layernorm"]["sha256"]
-    reason = f"model check failed: {models}/layernorm.onnx: sha256 {tampered} does not match the manifest's {manifest}"
+    # sha256 mismatch: loading stops there; the encoders built before it never serve (nothing does until all pass)
+    models = broken_copy(tmp_path, "tampered")
+    reason = not_ready_reason(models, "tampered")
     with live_server({"NORMSERVE_MODEL_DIR": str(models)}, wait_ready=False) as base, httpx.Client(base_url=base) as c:
         for _ in range(100):
             if "model check failed" in c.get("/v2/health/ready").text:
                 break
             time.sleep(0.05)
         ready = c.get("/v2/models/encoder/ready")
-        assert ready.status_code == 503 and ready.json()["ready"] is False and ready.headers["retry-after"] == "1"
-        assert ready.json()["error"] == f"not ready: {reason}"
+        assert ready.headers["retry-after"] == "1"
+        _assert_error(ready, 503, f"server is not ready: {reason}")
         _assert_error(c.get("/v2/models/layernorm"), 503, f"server is not ready: {reason}")
+        _assert_error(c.get("/v2/models/encoder/versions/1/config"), 503, f"server is not ready: {reason}")
         _assert_error(c.post(ENC, content=_json(_fp32([[[0.0] * D]]))), 503, f"server is not ready: {reason}")

@@ -13,9 +13,7 @@ from app.server.api.v2 import rules
 from app.settings import Settings
 
 SETTINGS = Settings(max_depth=4, max_elements=1000)
-KNOWN = (
-    "eps, eps_mode, normalized_ndim, binary_data_output, sequence_id, sequence_start, sequence_end, priority, timeout"
-)
+READS = "(it reads eps, eps_mode, normalized_ndim; other names are ignored)"
 
 
 def _refused(fn: Any, *args: Any) -> str:
@@ -28,18 +26,50 @@ def _refused(fn: Any, *args: Any) -> str:
     ("params", "message"),
     [
         ([1], "parameters: expected an object, got [1]"),
-        ({"alpha": 1}, f"alpha: unknown parameter for model 'layernorm'; expected one of {KNOWN}"),
         ({"binary_data_output": 1}, "parameters.binary_data_output: expected true or false, got 1"),
+        *(
+            (
+                {"alpha": 1, name: 1},
+                f"parameters.{name}: unknown parameter for model 'layernorm'; did you mean {known!r}? {READS}",
+            )
+            for name, known in [
+                ("epsilon", "eps"),  # difflib's ratio 0.6
+                ("Eps", "eps"),  # the same name in another case
+                ("EPS", "eps"),
+                ("eps2", "eps"),
+                ("mode", "eps_mode"),
+                ("eps_mod", "eps_mode"),  # 0.93 to eps_mode, 0.6 to eps: the closer one is meant
+                ("normalized-ndim", "normalized_ndim"),  # '-' for '_'
+                ("norm", "normalized_ndim"),  # a prefix of it
+            ]
+        ),
     ],
+    ids=lambda v: str(v) if isinstance(v, (list, dict)) else None,
 )
-def test_parameters_are_the_models_and_the_protocols_only(runtime: Runtime, params: Any, message: str) -> None:
+def test_parameters_close_to_the_models_own_are_refused(runtime: Runtime, params: Any, message: str) -> None:
     assert _refused(rules.parameters, params, runtime.get("layernorm")) == message
 
 
-def test_parameters_pass_through_when_known(runtime: Runtime) -> None:
-    params = {"eps": 1e-3, "priority": 2, "binary_data_output": True}
-    assert rules.parameters(params, runtime.get("layernorm")) == params
+@pytest.mark.parametrize(
+    ("model", "params", "ignored"),
+    [
+        ("layernorm", {"eps": 1e-3, "priority": 2, "binary_data_output": True}, ()),
+        ("layernorm", {"alpha": 1, "eps": 1e-3, "content_type": "np", "e": 2}, ("alpha", "content_type", "e")),
+        ("layernorm", {"trace_id": "t1", "ndim": 2, "beta": [1]}, ("beta", "ndim", "trace_id")),
+        ("encoder", {"eps": 1, "eps_mode": "std", "timeout": 5}, ("eps", "eps_mode")),  # an encoder reads none
+    ],
+    ids=["known", "far-from-eps", "far-from-all", "encoder"],
+)
+def test_other_parameters_pass_through_and_are_listed_as_ignored(
+    runtime: Runtime, model: str, params: dict[str, Any], ignored: tuple[str, ...]
+) -> None:
+    assert rules.parameters(params, runtime.get(model)) == params
+    assert rules.ignored(params, runtime.get(model)) == ignored
+
+
+def test_no_parameters_are_none_ignored(runtime: Runtime) -> None:
     assert rules.parameters(None, runtime.get("layernorm")) == {}
+    assert rules.ignored({}, runtime.get("layernorm")) == ()
 
 
 @pytest.mark.parametrize(
@@ -82,16 +112,39 @@ def test_a_valid_header_is_returned_as_given(runtime: Runtime) -> None:
         (
             {"shm": 1},
             ("binary_data_size",),
-            "inputs.input: parameters {'shm': 1} are not supported; only binary_data_size is",
+            "inputs.input: parameters {'shm': 1} are not supported; only binary_data_size or content_type is",
         ),
-        ({"shm": 1}, (), "inputs.input: parameters {'shm': 1} are not supported"),
-        ([1], ("binary_data_size",), "inputs.input: parameters [1] are not supported; only binary_data_size is"),
+        ({"shm": 1}, (), "inputs.input: parameters {'shm': 1} are not supported; only content_type is"),
+        (
+            [1],
+            ("binary_data_size",),
+            "inputs.input: parameters [1] are not supported; only binary_data_size or content_type is",
+        ),
+        ({"content_type": 1}, (), "inputs.input.parameters.content_type: expected a string, got 1"),
+        (
+            {"content_type": None},
+            ("binary_data_size",),
+            "inputs.input.parameters.content_type: expected a string, got None",
+        ),
     ],
 )
-def test_an_inputs_parameters_are_the_transports_only(
+def test_an_inputs_parameters_are_the_transports_and_content_type_only(
     runtime: Runtime, params: Any, allowed: Any, message: str
 ) -> None:
     assert _refused(rules.tensor_parameters, params, runtime.get("layernorm").inputs[0], allowed) == message
+
+
+@pytest.mark.parametrize(
+    ("params", "allowed"),
+    [
+        (None, ("binary_data_size",)),
+        ({"binary_data_size": 12}, ("binary_data_size",)),
+        ({"content_type": "np"}, ()),
+        ({"binary_data_size": 12, "content_type": "str"}, ("binary_data_size",)),
+    ],
+)
+def test_an_inputs_allowed_parameters_are_returned_as_given(runtime: Runtime, params: Any, allowed: Any) -> None:
+    assert rules.tensor_parameters(params, runtime.get("layernorm").inputs[0], allowed) == (params or {})
 
 
 def test_raw_bytes_must_fill_the_shape_and_bools_be_zero_or_one(runtime: Runtime) -> None:

@@ -100,5 +100,6 @@ def test_the_request_schema_refuses_what_the_protocol_refuses(body: dict[str, An
 
 
 def test_every_models_metadata_is_valid_model_metadata(runtime: Runtime) -> None:
-    for model in runtime.models.values():
+    assert [m.name for m in runtime.models] == ["encoder", "encoder-preln", "layernorm"]
+    for model in runtime.models:
         assert list(validator("v2_model_metadata").iter_errors(model.metadata)) == []
