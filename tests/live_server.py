@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,9 +12,12 @@ from pathlib import Path
 from benchmarks.servers import HOST, ROOT, Server, free_port, uvicorn_command
 from benchmarks.servers import server_process as _server_process
 
-__all__ = ["MODELS", "ROOT", "cli_server", "live_server", "server_env", "server_process"]
+__all__ = ["CLI", "MODELS", "ROOT", "cli_server", "live_server", "server_env", "server_process"]
 
 MODELS = ROOT / "models"
+# This checkout's `normserve` (cli_server runs it from ROOT): the venv's script imports whichever checkout the venv
+# was installed from (pip install -e), which in a second worktree sharing that venv is not this one.
+CLI = [sys.executable, "-m", "app.cli.main"]
 
 
 def server_env(env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -55,7 +55,7 @@ class Worker:
         self.admission.not_ready_reason = "parity warm-up running"
         figures = self.runtime.warm_up()
         for name, model in self.runtime.models.items():
-            metrics.record_model(name, model.version, model.load_seconds, figures[name][0])
+            metrics.record_model(name, model.version, model.load_seconds, *figures[name])
         return figures
 
     def start(self) -> None:
