@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,12 +11,9 @@ from pathlib import Path
 from benchmarks.servers import HOST, ROOT, Server, free_port, uvicorn_command
 from benchmarks.servers import server_process as _server_process
 
-__all__ = ["CLI", "MODELS", "ROOT", "cli_server", "live_server", "server_env", "server_process"]
+__all__ = ["MODELS", "ROOT", "cli_server", "live_server", "server_env", "server_process"]
 
 MODELS = ROOT / "models"
-# This checkout's `normserve` (cli_server runs it from ROOT): the venv's script imports whichever checkout the venv
-# was installed from (pip install -e), which in a second worktree sharing that venv is not this one.
-CLI = [sys.executable, "-m", "app.cli.main"]
 
 
 def server_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -59,9 +55,18 @@ def cli_server(
     """A command that listens where NORMSERVE_HOST and NORMSERVE_PORT say (`normserve serve`), on a free port.
 
     env is its whole environment, to which the address is added; it is stopped as every server is, by its PID.
+    ROOT goes first on PYTHONPATH, so that it runs this checkout's code: the venv's `normserve` script imports the
+    checkout that the venv was installed from (pip install -e), another one in a second worktree sharing that venv.
     """
     port = free_port()
-    full_env = {"NORMSERVE_GRPC_PORT": "0", **env, "NORMSERVE_HOST": HOST, "NORMSERVE_PORT": str(port)}
+    path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    full_env = {
+        "NORMSERVE_GRPC_PORT": "0",
+        **env,
+        "NORMSERVE_HOST": HOST,
+        "NORMSERVE_PORT": str(port),
+        "PYTHONPATH": path,
+    }
     with _server_process(
         command, port=port, ready=ready, cwd=cwd, env=full_env, timeout=timeout, stop_timeout=30, output=output
     ) as server:

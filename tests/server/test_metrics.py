@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess
 
 from app.server import metrics
-from tests.live_server import CLI, ROOT, cli_server, server_env
+from tests.live_server import ROOT, cli_server, server_env
 from tests.server.prometheus import Samples, delta, parse, scrape, value
 
 MODEL_NAMES = ["encoder", "encoder-preln", "layernorm"]
@@ -87,7 +87,8 @@ def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
     tmp = tmp_path_factory.mktemp("workers")
     env = server_env({"TMPDIR": str(tmp)})
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    with cli_server([*CLI, "serve", "--workers", "2"], env) as server:
+    cli = Path(sys.executable).parent / "normserve"
+    with cli_server([str(cli), "serve", "--workers", "2"], env) as server:
         yield server.base, tmp, server.proc
 
 

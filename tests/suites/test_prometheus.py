@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ import pytest
 import yaml
 
 from benchmarks.servers import HOST, free_port, server_process
-from tests.live_server import CLI, ROOT, cli_server, server_env
+from tests.live_server import ROOT, cli_server, server_env
 from tests.server.prometheus import Samples, parse
 
 DEPLOY = ROOT / "deploy" / "prometheus"
@@ -121,7 +122,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("prometheus")
     env = server_env({"NORMSERVE_WORKERS": str(WORKERS), "TMPDIR": str(tmp)})
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    with cli_server([*CLI, "serve"], env) as replica:
+    with cli_server([str(Path(sys.executable).parent / "normserve"), "serve"], env) as replica:
         until(lambda: _both_workers_ready(replica.base), "both workers ready")
         config = scrape_config(f"{HOST}:{replica.port}", tmp)
         check = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True)
