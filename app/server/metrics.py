@@ -1,4 +1,4 @@
-"""Prometheus metrics: requests per route template (gRPC: per method) and status, inference per model, load, parity.
+"""Prometheus metrics: requests per route (gRPC: per method) and status, inference per model, load, parity, readiness.
 
 With several worker processes, prometheus-client's multiprocess mode sums the workers' files:
 set PROMETHEUS_MULTIPROC_DIR (an empty directory) before the workers start; `normserve serve

@@ -129,7 +129,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         assert check.returncode == 0, check.stdout + check.stderr
         port = free_port()
         command = [
-            "prometheus",
+            str(shutil.which("prometheus")),
             f"--config.file={config}",
             f"--storage.tsdb.path={tmp / 'data'}",
             f"--web.listen-address={HOST}:{port}",
