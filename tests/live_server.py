@@ -55,9 +55,18 @@ def cli_server(
     """A command that listens where NORMSERVE_HOST and NORMSERVE_PORT say (`normserve serve`), on a free port.
 
     env is its whole environment, to which the address is added; it is stopped as every server is, by its PID.
+    ROOT goes first on PYTHONPATH, so that it runs this checkout's code: the venv's `normserve` script imports the
+    checkout that the venv was installed from (pip install -e), another one in a second worktree sharing that venv.
     """
     port = free_port()
-    full_env = {"NORMSERVE_GRPC_PORT": "0", **env, "NORMSERVE_HOST": HOST, "NORMSERVE_PORT": str(port)}
+    path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    full_env = {
+        "NORMSERVE_GRPC_PORT": "0",
+        **env,
+        "NORMSERVE_HOST": HOST,
+        "NORMSERVE_PORT": str(port),
+        "PYTHONPATH": path,
+    }
     with _server_process(
         command, port=port, ready=ready, cwd=cwd, env=full_env, timeout=timeout, stop_timeout=30, output=output
     ) as server:

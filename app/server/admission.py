@@ -7,15 +7,20 @@ import threading
 import anyio
 
 from app.errors import NotReady, Overloaded
+from app.server import metrics
 
 
 class Admission:
-    """Counts inferences in flight; past the limit a request is refused at once, never queued."""
+    """Counts inferences in flight; past the limit a request is refused at once, never queued.
+
+    Setting `ready` publishes the readiness gauge; `draining` is a plain attribute, since the drain sets it in a
+    signal handler, which must not take the gauge's lock: the drain publishes it afterwards, on the event loop.
+    """
 
     def __init__(self, max_in_flight: int) -> None:
         self.max_in_flight = max_in_flight
         self.in_flight = 0
-        self.ready = False
+        self._ready = False
         self.draining = False
         self.not_ready_reason = "models are loading"
         self._lock = threading.Lock()  # released from worker threads, acquired on the event loop
@@ -23,6 +28,21 @@ class Admission:
         # The cancel scopes of the requests awaiting an inference; cancelled (on the event loop) when a
         # drain times out, so that each answers 503 and a load balancer retries it elsewhere.
         self.abandonable: set[anyio.CancelScope] = set()
+        metrics.IN_FLIGHT_LIMIT.set(max_in_flight)
+        self.publish()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    @ready.setter
+    def ready(self, value: bool) -> None:
+        self._ready = value
+        self.publish()
+
+    def publish(self) -> None:
+        """Set the readiness gauge from the state now (normserve_ready: 1 while accepting)."""
+        metrics.set_ready(self.accepting)
 
     @property
     def accepting(self) -> bool:

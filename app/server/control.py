@@ -56,6 +56,8 @@ class ModelControl:
         settings = self.runtime.settings
         self.repository.check_layout()
         names = self.repository.names()
+        if settings.model_control == "none" and not names:  # nothing would ever load: not ready, and why
+            raise ModelLoadError(f"{self.repository.root}: the model repository holds no models; run `normserve export`")
         if settings.model_control != "explicit" or settings.startup_models.strip() == "*":
             return names
         wanted = [n.strip() for n in settings.startup_models.split(",") if n.strip()]
@@ -96,7 +98,7 @@ class ModelControl:
                 raise
             figures[model.name, model.version] = diff, atol
         for model in models:  # only once every one passed: a model's versions change together
-            self._publish(model, figures[model.name, model.version][0])
+            self._publish(model, *figures[model.name, model.version])
         return figures
 
     def load(self, name: str, reload: Collection[int] = ()) -> list[Model]:
@@ -165,13 +167,25 @@ class ModelControl:
                 rows.append({"name": name, "version": str(version), "state": state.state, "reason": state.reason})
         return rows
 
-    def _publish(self, model: Model, diff: float) -> None:
+    def abandon(self, reason: str) -> None:
+        """Versions left LOADING by a start-up that failed elsewhere: they never serve, and the index says why."""
+        for key, state in list(self.runtime.states.items()):
+            if state.state == LOADING:
+                self.runtime.states[key] = State(UNAVAILABLE, reason)
+
+    def _publish(self, model: Model, diff: float, atol: float) -> None:
         self.runtime.publish(model)
-        metrics.record_model(model.name, model.version, model.load_seconds, diff)
+        metrics.record_model(model.name, model.version, model.load_seconds, diff, atol)
         log.info(
             "loaded model %s version %s (sha256 %s...) in %.3f s; parity warm-up max abs diff %.2e",
             *(model.name, model.version, model.sha256[:12], model.load_seconds, diff),
-            extra={"model": model.name, "version": model.version, "sha256": model.sha256},
+            extra={
+                "model": model.name,
+                "version": model.version,
+                "sha256": model.sha256,
+                "load_seconds": round(model.load_seconds, 4),
+                "parity_max_abs_diff": diff,
+            },
         )
 
     def _retire(self, name: str, version: int, reason: str) -> None:

@@ -73,6 +73,7 @@ class Drain:
         self._loop.call_soon_threadsafe(self._start, sig)
 
     def _start(self, sig: int) -> None:
+        self.admission.publish()  # here, on the loop: the signal handler only set `draining`
         self._task = asyncio.ensure_future(self._drain_then_shutdown(sig))
 
     async def _drain_then_shutdown(self, sig: int) -> None:

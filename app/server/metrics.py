@@ -1,4 +1,4 @@
-"""Prometheus metrics: requests per route template (gRPC: per method) and status, inference per model, load, parity.
+"""Prometheus metrics: requests per route (gRPC: per method) and status, inference per model, load, parity, readiness.
 
 With several worker processes, prometheus-client's multiprocess mode sums the workers' files:
 set PROMETHEUS_MULTIPROC_DIR (an empty directory) before the workers start; `normserve serve
@@ -55,6 +55,17 @@ IN_FLIGHT = Gauge(
     "Inference requests admitted and not yet finished (NORMSERVE_MAX_IN_FLIGHT bounds it per worker).",
     multiprocess_mode="livesum",
 )
+IN_FLIGHT_LIMIT = Gauge(
+    "normserve_inference_requests_in_flight_limit",
+    "NORMSERVE_MAX_IN_FLIGHT: inferences admitted at once before a 503, summed like the in-flight gauge.",
+    multiprocess_mode="livesum",
+)
+READY = Gauge(
+    "normserve_ready",
+    "1 while the worker takes inferences (GET /v2/health/ready is 200), 0 while loading, failed or draining "
+    "(the least ready live worker).",
+    multiprocess_mode="livemin",
+)
 INFERENCE_SECONDS = Histogram(
     "normserve_inference_duration_seconds",
     "onnxruntime run time of one inference, per model and version (the parity warm-up included).",
@@ -78,6 +89,12 @@ PARITY = Gauge(
     "Max abs difference from the NumPy reference in the load's warm-up (the worst live worker).",
     ["model", "version"],
     multiprocess_mode="livemax",
+)
+PARITY_TOLERANCE = Gauge(
+    "normserve_model_parity_tolerance",
+    "The tolerance of the parity warm-up's max abs difference (the strictest live worker).",
+    ["model", "version"],
+    multiprocess_mode="livemin",
 )
 # Model names and versions come from the repository's folders, never from a request: bounded by the operator.
 LOAD_FAILURES = Counter(
@@ -140,10 +157,14 @@ def observe_inference(model: str, version: str, seconds: float, batch_size: int)
     BATCH_SIZE.labels(model, version).observe(batch_size)
 
 
-def record_model(model: str, version: str, load_seconds: float, parity_max_abs_diff: float) -> None:
-    """A version that loaded and passed its warm-up: its load time and parity figure; it takes traffic."""
+def record_model(
+    model: str, version: str, load_seconds: float, parity_max_abs_diff: float, parity_tolerance: float | None = None
+) -> None:
+    """A version that loaded and passed its warm-up: its load time and parity figures; it takes traffic."""
     LOAD_SECONDS.labels(model, version).set(load_seconds)
     PARITY.labels(model, version).set(parity_max_abs_diff)
+    if parity_tolerance is not None:
+        PARITY_TOLERANCE.labels(model, version).set(parity_tolerance)
     MODEL_READY.labels(model, version).set(1)
 
 
@@ -153,6 +174,11 @@ def record_load_failure(model: str, version: str) -> None:
 
 def record_unload(model: str, version: str) -> None:
     MODEL_READY.labels(model, version).set(0)
+
+
+def set_ready(accepting: bool) -> None:
+    """The worker's readiness: never from a signal handler (the gauge takes a lock that the handler may interrupt)."""
+    READY.set(1 if accepting else 0)
 
 
 def multiprocess_dir() -> Path | None:

@@ -65,6 +65,7 @@ class Worker:
             figures = self.warm_up(self.load())
         except (*LOAD_ERRORS, LegacyLayout) as e:
             self.admission.not_ready_reason = f"model check failed: {e}"
+            self.control.abandon(f"not loaded: {self.admission.not_ready_reason}")
             log.error("not ready: %s", e, extra={"reason": self.admission.not_ready_reason})
             return
         diffs = {f"{name}/{version}": diff for (name, version), (diff, _) in figures.items()}

@@ -7,6 +7,7 @@ import time
 
 import anyio
 import pytest
+from prometheus_client import REGISTRY
 
 from app.errors import NotReady, Overloaded
 from app.server.admission import Admission
@@ -25,6 +26,20 @@ def test_a_new_admission_is_not_ready_because_models_are_loading() -> None:
         admission.enter()
     assert e.value.message == "server is not ready: models are loading"
     assert admission.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("ready_", "draining", "gauge"), [(False, False, 0), (True, False, 1), (True, True, 0), (False, True, 0)]
+)
+def test_the_readiness_gauge_follows_ready_and_a_published_drain(ready_: bool, draining: bool, gauge: int) -> None:
+    admission = Admission(3)
+    assert REGISTRY.get_sample_value("normserve_ready") == 0
+    assert REGISTRY.get_sample_value("normserve_inference_requests_in_flight_limit") == 3
+    admission.ready = ready_
+    admission.draining = draining  # set in a signal handler: published apart, as the drain does on its loop
+    assert REGISTRY.get_sample_value("normserve_ready") == int(ready_)
+    admission.publish()
+    assert REGISTRY.get_sample_value("normserve_ready") == gauge
 
 
 def test_enter_names_the_reason_the_worker_is_not_ready() -> None:

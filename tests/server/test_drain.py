@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 import uvicorn
+from prometheus_client import REGISTRY
 
 from app.errors import NotReady
 from app.server.admission import Admission
@@ -120,6 +121,7 @@ def test_uninstall_leaves_a_handler_installed_after_the_drain_alone(server: uvic
 def test_the_first_signal_drains_and_calls_the_servers_handler_once_idle(server: uvicorn.Server, sig: int) -> None:
     admission = busy(1)
     drain = Drain(admission, 5.0)
+    assert REGISTRY.get_sample_value("normserve_ready") == 1
 
     async def scenario() -> float:
         assert drain.install()
@@ -127,6 +129,7 @@ def test_the_first_signal_drains_and_calls_the_servers_handler_once_idle(server:
         await asyncio.sleep(0.2)
         # Draining: not ready and refusing new work at once, while the server itself keeps running.
         assert admission.draining and not admission.accepting and not server.should_exit
+        assert REGISTRY.get_sample_value("normserve_ready") == 0  # published on the loop, after the handler
         with pytest.raises(NotReady) as e:
             admission.enter()
         assert e.value.message == "server is shutting down; retry on another replica"

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess
 
+from app.server import metrics
 from tests.live_server import ROOT, cli_server, server_env
 from tests.server.prometheus import Samples, delta, parse, scrape, value
 
@@ -53,6 +54,24 @@ def test_model_load_time_and_warm_up_parity_are_gauges(client: httpx.Client, mod
     assert value(samples, "normserve_model_load_seconds", model=model, version="1") > 0
     assert 0 <= value(samples, "normserve_model_parity_max_abs_diff", model=model, version="1") < 1e-4
     assert ("normserve_model_parity_max_abs_diff", (("model", model), ("version", "1"))) in samples
+    tolerance = value(samples, "normserve_model_parity_tolerance", model=model, version="1")
+    # The encoders' is NORMSERVE_VALIDATE_ATOL; layernorm's is 1e-5 and the float32 ulp of its warm-up output.
+    assert tolerance == 1e-4 if model.startswith("encoder") else 1e-5 < tolerance < 1e-4
+    assert value(samples, "normserve_model_ready", model=model, version="1") == 1
+
+
+def test_a_ready_worker_shows_ready_and_its_in_flight_limit(client: httpx.Client) -> None:
+    samples = scrape(client)
+    assert value(samples, "normserve_ready") == 1
+    assert value(samples, "normserve_inference_requests_in_flight_limit") == 64  # NORMSERVE_MAX_IN_FLIGHT's default
+
+
+@pytest.mark.parametrize("tolerance", [None, 2.5e-5])
+def test_record_model_sets_the_tolerance_only_when_given(tolerance: float | None) -> None:
+    metrics.record_model("m-tolerance", str(tolerance), 0.5, 1e-6, tolerance)
+    labels = {"model": "m-tolerance", "version": str(tolerance)}
+    assert REGISTRY.get_sample_value("normserve_model_parity_max_abs_diff", labels) == 1e-6
+    assert REGISTRY.get_sample_value("normserve_model_parity_tolerance", labels) == tolerance
 
 
 # ---- several workers: prometheus-client's multiprocess mode -----------------------------------
@@ -94,6 +113,9 @@ def test_metrics_total_every_worker_whichever_answers(two_workers: tuple[str, Pa
         assert answered == sent
         assert value(samples, "normserve_inference_requests_in_flight") == 0
         assert all(value(samples, "normserve_model_load_seconds", model=m, version="1") > 0 for m in MODEL_NAMES)
+        # Both workers are ready (the least ready one counts), and their limits add up as their in-flight gauges do.
+        assert value(samples, "normserve_ready") == 1
+        assert value(samples, "normserve_inference_requests_in_flight_limit") == 2 * 64
 
 
 def test_serve_removes_its_metrics_directory_when_it_stops(
@@ -131,8 +153,6 @@ def test_reaping_drops_only_dead_workers_live_gauges_and_keeps_their_counts(
         if state == "dead":
             worker.wait(timeout=30)
         monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
-        from app.server import metrics
-
         assert metrics.reap_dead_workers() == ([] if gauge_kept else [worker.pid])
         assert (tmp_path / f"gauge_livesum_{worker.pid}.db").exists() == gauge_kept
         registry = CollectorRegistry()

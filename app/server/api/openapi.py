@@ -50,7 +50,7 @@ _MEANING = {
 # V2 answers 400 where REST answers 422, as Triton does; its bodies are read whatever their Content-Type.
 _V2_MEANING = {
     **_MEANING,
-    400: "invalid body, tensor, parameter or header; the message names the field",
+    400: "invalid body, tensor, parameter, header, model name or version; the message names the field",
     415: "Content-Encoding is neither gzip nor deflate",
 }
 _RETRY_AFTER = {"Retry-After": {"required": True, "description": "seconds", "schema": {"type": "integer"}}}
@@ -115,7 +115,7 @@ NORMALIZE: dict[str, Any] = {
             "description": "normalized output and per-row statistics",
             "content": {"application/json": {"schema": _NORMALIZE_ANSWER, "example": _example_response()}},
         },
-        **_errors(400, 408, 413, 415, 422, 503, 504),
+        **_errors(400, 404, 408, 413, 415, 422, 503, 504),
     },
 }
 
@@ -214,11 +214,13 @@ V2_SERVER: dict[str, Any] = {
 }
 V2_ALL_STATS: dict[str, Any] = {"responses": _ok("Triton's statistics of every model", "v2_statistics")}
 V2_METADATA: dict[str, Any] = {
-    "responses": {**_ok("the model's inputs and outputs", "v2_model_metadata"), **_errors(404, 503, v2=True)}
+    "responses": {**_ok("the model's inputs and outputs", "v2_model_metadata"), **_errors(400, 404, 503, v2=True)}
 }
-V2_READY: dict[str, Any] = {"responses": {**_ok("the model is ready", "v2_readiness"), **_errors(404, 503, v2=True)}}
+V2_READY: dict[str, Any] = {
+    "responses": {**_ok("the model is ready", "v2_readiness"), **_errors(400, 404, 503, v2=True)}
+}
 V2_STATS: dict[str, Any] = {
-    "responses": {**_ok("Triton's statistics of the model", "v2_statistics"), **_errors(404, 503, v2=True)}
+    "responses": {**_ok("Triton's statistics of the model", "v2_statistics"), **_errors(400, 404, 503, v2=True)}
 }
 _OBJECT = {"content": {"application/json": {"schema": {"type": "object"}}}}
 V2_CONFIG: dict[str, Any] = {

@@ -18,6 +18,11 @@ FAMILIES = [
     ("normserve_inference_requests_in_flight", "gauge"),
     ("normserve_model_load_seconds", "gauge"),
     ("normserve_model_parity_max_abs_diff", "gauge"),
+    ("normserve_model_parity_tolerance", "gauge"),
+    ("normserve_model_ready", "gauge"),
+    ("normserve_model_load_failures", "counter"),
+    ("normserve_inference_requests_in_flight_limit", "gauge"),
+    ("normserve_ready", "gauge"),
 ]
 
 

@@ -44,7 +44,8 @@ def decode(request: Any, model: Model, settings: Settings) -> InferRequest:
     tensors, datatype = _inputs(request, model, settings)
     entries = [(o.name, parameter_values(o.parameters)) for o in request.outputs]
     outputs = rules.requested_outputs(entries, model, False, ())
-    return InferRequest(request.id or None, model.from_tensors(tensors, params, FIELDS), datatype, outputs)
+    data_plane = model.from_tensors(tensors, params, FIELDS)
+    return InferRequest(request.id or None, data_plane, datatype, outputs, rules.ignored(params, model))
 
 
 def _inputs(request: Any, model: Model, settings: Settings) -> tuple[dict[str, np.ndarray], str]:
@@ -88,6 +89,8 @@ def _tensor(entry: Any, spec: TensorSpec, datatype: str, shape: list[int], raw: 
 def encode(model: Model, req: InferRequest, result: Any) -> Encoded:
     """The response's fields by protobuf, each output's bytes as a view of its array (wire.py appends them)."""
     response = pb.ModelInferResponse(model_name=model.name, model_version=model.version, id=req.id or "")
+    if req.ignored:  # as HTTP answers them: the request parameters that changed nothing
+        response.parameters["ignored_parameters"].string_param = ",".join(req.ignored)
     raws = []
     for name, arr, _ in rules.output_tensors(model, req, result):
         response.outputs.add(name=name, datatype=req.datatype, shape=arr.shape)

@@ -72,7 +72,7 @@ def decode_normalize(
     params = _validate(NormalizeParams, fields, NORMALIZE_TENSORS)
     model = resolve(params.model, params.version)
     if not isinstance(model, LayerNormModel):
-        raise InvalidInput(f"{params.model!r} is a {model.kind} model; /normalize takes a layernorm", "model")
+        raise InvalidInput(f"{params.model!r} is of kind {model.kind}; /normalize takes a layernorm model", "model")
     may_hold_bools = _may_hold_bools(body, tensors)
     x, gamma, beta = (
         _tensor(tensors[name], name, settings, may_hold_bools) if name in tensors else None
@@ -112,7 +112,7 @@ def decode_encode(
     params = _validate(EncodeParams, fields, ENCODE_TENSORS)
     model = resolve(params.model, params.version)
     if not isinstance(model, EncoderModel):
-        raise InvalidInput(f"{params.model!r} is a {model.kind} model; /encode takes an encoder", "model")
+        raise InvalidInput(f"{params.model!r} is of kind {model.kind}; /encode takes an encoder model", "model")
     x = _tensor(tensors["data"], "data", settings, _may_hold_bools(body, tensors))
     mask = None
     if tensors.get("padding_mask") is not None:

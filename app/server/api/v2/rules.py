@@ -75,8 +75,9 @@ def ignored(params: Mapping[str, Any], model: Model) -> tuple[str, ...]:
 
 def _not_misspelt(name: str, model: Model) -> None:
     squashed = name.lower().replace("-", "_")
-    for known in model.parameters:
-        close = difflib.SequenceMatcher(None, squashed, known).ratio() >= MISSPELT_RATIO
+    ratios = {known: difflib.SequenceMatcher(None, squashed, known).ratio() for known in model.parameters}
+    for known in sorted(ratios, key=ratios.__getitem__, reverse=True):  # the closest name is the one suggested
+        close = ratios[known] >= MISSPELT_RATIO
         if squashed == known or close or (len(squashed) > 2 and known.startswith(squashed)):
             raise InvalidInput(
                 f"unknown parameter for model {model.name!r}; did you mean {known!r}? "

@@ -61,6 +61,8 @@ COMPONENTS: dict[str, Any] = {
     "v2_inference_request": _object(
         ["inputs"],
         id=_or_null({"type": "string", "description": "echoed in the response"}),
+        model_name={"type": "string", "description": "as KServe's client sends it: must be the URL's model"},
+        model_version={"type": "string", "description": "must be the version that serves the request; empty: any"},
         parameters=_or_null(ref("v2_parameters")),
         inputs={"type": "array", "items": ref("v2_request_input")},
         outputs=_or_null({"type": "array", "items": ref("v2_request_output"), "description": "none: every output"}),

@@ -200,14 +200,14 @@ ROW = [0.1] * D
             "/encode",
             b'{"data": [[1]], "model": "layernorm"}',
             422,
-            "model: 'layernorm' is a layernorm model; /encode takes an encoder",
+            "model: 'layernorm' is of kind layernorm; /encode takes an encoder model",
             id="not-encoder",
         ),
         pytest.param(
             "/normalize",
             b'{"data": [[1, 2]], "model": "encoder"}',
             422,
-            "model: 'encoder' is a encoder model; /normalize takes a layernorm",
+            "model: 'encoder' is of kind encoder; /normalize takes a layernorm model",
             id="not-layernorm",
         ),
         pytest.param(

@@ -178,7 +178,7 @@ def test_a_rest_request_names_its_model_and_version(explicit: str) -> None:
     ok = httpx.post(explicit + "/normalize", json={"data": [[1.0, 2.0, 4.0]], "model": "layernorm", "version": 1})
     assert ok.status_code == 200 and ok.json()["model"]["version"] == "1"
     for body, status, error in [
-        ({"model": "encoder"}, 422, "model: 'encoder' is a encoder model; /normalize takes a layernorm"),
+        ({"model": "encoder"}, 422, "model: 'encoder' is of kind encoder; /normalize takes a layernorm model"),
         ({"version": 7}, 404, "version: model 'layernorm' has no ready version 7; ready: 1"),
         ({"version": "1e9"}, 422, "version: expected a positive integer version (1..2147483647), got '1e9'"),
         (

@@ -1,0 +1,360 @@
+"""deploy/prometheus/ and deploy/grafana/ for real: Debian's prometheus scrapes a live `normserve serve` with two
+workers through the deploy file's job, and its HTTP API answers with the totals of the traffic sent; promtool finds
+nothing to say about a live /metrics, and its unit tests of the alert rules pass; every panel of the dashboard
+queries that Prometheus without error. scripts/system-deps.sh installs the package (prometheus and promtool).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from benchmarks.servers import HOST, free_port, server_process
+from tests.live_server import ROOT, cli_server, server_env
+from tests.server.prometheus import Samples, parse
+
+DEPLOY = ROOT / "deploy" / "prometheus"
+DASHBOARD = ROOT / "deploy" / "grafana" / "normserve.json"
+WORKERS = 2
+MAX_IN_FLIGHT = 64  # NORMSERVE_MAX_IN_FLIGHT's default, per worker
+V2_INFER = {"inputs": [{"name": "input", "shape": [2, 3], "datatype": "FP32", "data": [0.2, 0.1, 0.3, 0.5, 0.1, 0.1]}]}
+ENCODE = {"data": [[0.1] * 128, [0.2] * 128]}
+# What the test sends: (method, path, body, status, how many), each on a new connection so that both workers answer.
+TRAFFIC = [
+    ("POST", "/normalize", {"data": [[0.5, 1.0, 2.0]]}, 200, 30),
+    ("POST", "/normalize", {"data": [[0.2, 0.1, 0.3], [0.5, 0.1]]}, 422, 5),
+    ("POST", "/v2/models/layernorm/infer", V2_INFER, 200, 10),
+    ("POST", "/encode", ENCODE, 200, 4),
+    ("GET", "/v2/models/encoder", None, 200, 3),
+]
+OPERATIONS = "/metrics|/v2/health/.*"  # routes that the traffic does not count: scrapes, probes
+# Substitutions of Grafana's template variables in the dashboard's queries.
+TEMPLATE = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "5m", "$instance": ".*"}
+# Series the test's traffic never creates (no gRPC, no failed load): their panels may answer no data.
+ABSENT_HERE = ("normserve_grpc_", "normserve_model_load_failures_total")
+
+pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus package")
+
+
+@dataclass(frozen=True)
+class Stack:
+    base: str  # the replica, http://127.0.0.1:PORT
+    api: str  # Prometheus, http://127.0.0.1:PORT
+    warm_runs: dict[tuple[str, str], float]  # inference runs by (model, version) before the traffic: the warm-ups
+
+
+def query(api: str, expr: str) -> list[dict[str, Any]]:
+    """An instant query through Prometheus's HTTP API: its result vector; fails on any error or warning."""
+    r = httpx.get(f"{api}/api/v1/query", params={"query": expr}, timeout=10)
+    body = r.json()
+    assert r.status_code == 200 and body["status"] == "success" and not body.get("warnings"), (expr, body)
+    assert body["data"]["resultType"] == "vector", expr
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
+
+
+def by(api: str, expr: str, *labels: str) -> dict[tuple[str, ...], float]:
+    """An instant query's values keyed by the given labels' values."""
+    return {tuple(s["metric"].get(k, "") for k in labels): float(s["value"][1]) for s in query(api, expr)}
+
+
+def until(condition: Any, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.2)
+
+
+def scrape_config(target: str, data: Path) -> Path:
+    """deploy/prometheus/prometheus.yml with its job's targets static (here: the replica) and 1 s intervals."""
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    config["rule_files"] = [str(DEPLOY / f) for f in config["rule_files"]]
+    (job,) = (j for j in config["scrape_configs"] if j["job_name"] == "normserve")
+    job.pop("dns_sd_configs")
+    job.update(static_configs=[{"targets": [target]}], scrape_timeout="1s")
+    config["scrape_configs"] = [job]
+    path = data / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _send_traffic(base: str, part: slice) -> int:
+    """The part of each kind's requests (range(n)[part]); how many it sent."""
+    sent = 0
+    for method, path, body, status, n in TRAFFIC:
+        for _ in range(n)[part]:
+            sent += 1
+            r = httpx.request(method, base + path, json=body, headers={"Connection": "close"}, timeout=30)
+            assert r.status_code == status, (path, r.text)
+    return sent
+
+
+def _both_workers_ready(base: str) -> bool:
+    samples = parse(httpx.get(base + "/metrics", timeout=10).text)
+    limit = samples.get(("normserve_inference_requests_in_flight_limit", ()), 0)
+    return limit == WORKERS * MAX_IN_FLIGHT and samples.get(("normserve_ready", ()), 0) == 1
+
+
+def _before_traffic(api: str) -> dict[tuple[str, str], float]:
+    """Inference runs per model version as Prometheus has them once it sees both workers ready (the warm-ups)."""
+    until(lambda: by(api, 'normserve_ready{job="normserve"}') == {(): 1.0}, "Prometheus sees the replica ready")
+    runs = 'normserve_inference_duration_seconds_count{job="normserve"}'
+    return {(model, version): v for (model, version), v in by(api, runs, "model", "version").items()}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`normserve serve` with two workers, scraped each second by Prometheus with the deploy job and alert rules."""
+    tmp = tmp_path_factory.mktemp("prometheus")
+    env = server_env({"NORMSERVE_WORKERS": str(WORKERS), "TMPDIR": str(tmp)})
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    with cli_server([str(Path(sys.executable).parent / "normserve"), "serve"], env) as replica:
+        until(lambda: _both_workers_ready(replica.base), "both workers ready")
+        config = scrape_config(f"{HOST}:{replica.port}", tmp)
+        check = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+        port = free_port()
+        command = [
+            str(shutil.which("prometheus")),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address={HOST}:{port}",
+        ]
+        with server_process(command, port=port, ready="/-/ready", env={}, output=tmp / "prometheus.log") as prom:
+            warm_runs = _before_traffic(prom.base)
+            total = f'sum(normserve_http_requests_total{{job="normserve", route!~"{OPERATIONS}|unmatched"}})'
+            sent = 0
+            # One request of each kind first, scraped before the rest: a rate needs a series' first sample before
+            # it grows (a series whose every request falls between two scrapes shows no rate at all).
+            for part in (slice(None, 1), slice(1, None)):
+                sent += _send_traffic(replica.base, part)
+                until(lambda: by(prom.base, total) == {(): float(sent)}, "Prometheus scrapes the traffic")  # noqa: B023
+            yield Stack(replica.base, prom.base, warm_runs)
+
+
+# ---- the scrape: totals across workers through PromQL ----------------------------------------------------------
+
+
+def _route(path: str) -> str:
+    return "/v2/models/{name}/infer" if path.endswith("/infer") else re.sub(r"/encoder$", "/{name}", path)
+
+
+def test_request_totals_per_route_and_status_are_the_traffic_sent_to_both_workers(stack: Stack) -> None:
+    expr = 'sum by (route, status) (normserve_http_requests_total{job="normserve"})'
+    expected = {(_route(path), str(status)): float(n) for _, path, _, status, n in TRAFFIC}
+    totals = by(stack.api, expr, "route", "status")
+    assert {key: totals.get(key) for key in expected} == expected
+
+
+def test_request_rate_per_route_and_status_is_positive_for_each_kind_sent(stack: Stack) -> None:
+    expr = 'sum by (route, status) (rate(normserve_http_requests_total{job="normserve"}[1m]))'
+    rates = by(stack.api, expr, "route", "status")
+    assert all(rates[(_route(path), str(status))] > 0 for _, path, _, status, _ in TRAFFIC)
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float:
+    """Prometheus's histogram_quantile on cumulative bucket counts {le: count}, linear within a bucket."""
+    bounds = sorted(buckets)
+    rank = q * buckets[float("inf")]
+    previous_bound, previous_count = 0.0, 0.0
+    for bound in bounds:
+        if buckets[bound] >= rank:
+            if bound == float("inf"):
+                return previous_bound
+            return previous_bound + (bound - previous_bound) * (rank - previous_count) / (
+                buckets[bound] - previous_count
+            )
+        previous_bound, previous_count = bound, buckets[bound]
+    raise AssertionError("no +Inf bucket")
+
+
+def _buckets(samples: Samples, name: str, **labels: str) -> dict[float, float]:
+    """Bucket counts summed over every other label, as `sum by (le)` does."""
+    summed: dict[float, float] = {}
+    for (sample, sample_labels), count in samples.items():
+        found = dict(sample_labels)
+        if sample == name and all(found.get(k) == v for k, v in labels.items()):
+            summed[float(found["le"])] = summed.get(float(found["le"]), 0.0) + count
+    return summed
+
+
+@pytest.mark.parametrize("q", [0.5, 0.99])
+@pytest.mark.parametrize("route", ["/normalize", "/v2/models/{name}/infer", "/encode"])
+def test_latency_quantiles_per_route_are_those_of_the_summed_buckets(stack: Stack, route: str, q: float) -> None:
+    name = "normserve_http_request_duration_seconds_bucket"
+    expr = f'histogram_quantile({q}, sum by (route, le) ({name}{{job="normserve"}}))'
+    prometheus = by(stack.api, expr, "route")[(route,)]
+    samples = parse(httpx.get(stack.base + "/metrics", timeout=10).text)
+    assert 0 < prometheus <= 60
+    assert prometheus == pytest.approx(histogram_quantile(q, _buckets(samples, name, route=route)), rel=1e-9)
+    rate_expr = f'histogram_quantile({q}, sum by (route, le) (rate({name}{{job="normserve"}}[1m])))'
+    assert 0 < by(stack.api, rate_expr, "route")[(route,)] <= 60
+
+
+@pytest.mark.parametrize(("model", "runs"), [("layernorm", 30 + 10), ("encoder", 4), ("encoder-preln", 0)])
+def test_inference_runs_and_time_per_model_and_version(stack: Stack, model: str, runs: int) -> None:
+    count = by(stack.api, 'normserve_inference_duration_seconds_count{job="normserve"}', "model", "version")
+    assert count[(model, "1")] - stack.warm_runs[(model, "1")] == runs  # the 422s never reach onnxruntime
+    seconds = by(stack.api, 'normserve_inference_duration_seconds_sum{job="normserve"}', "model", "version")
+    assert 0 < seconds[(model, "1")] < 60 * count[(model, "1")]
+    p99 = 'histogram_quantile(0.99, sum by (model, version, le) (normserve_inference_duration_seconds_bucket{job="normserve"}))'
+    assert 0 < by(stack.api, p99, "model", "version")[(model, "1")] <= 60
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ('normserve_inference_requests_in_flight{job="normserve"}', 0.0),
+        ('normserve_inference_requests_in_flight_limit{job="normserve"}', float(WORKERS * MAX_IN_FLIGHT)),
+        ('normserve_ready{job="normserve"}', 1.0),
+        ('up{job="normserve"}', 1.0),
+        ('count(normserve_model_ready{job="normserve"} == 1)', 3.0),
+    ],
+)
+def test_in_flight_limit_and_readiness_combine_both_workers(stack: Stack, expr: str, expected: float) -> None:
+    assert list(by(stack.api, expr).values()) == [expected]
+
+
+def test_parity_gauges_are_under_their_tolerance_per_model_and_version(stack: Stack) -> None:
+    diffs = by(stack.api, 'normserve_model_parity_max_abs_diff{job="normserve"}', "model", "version")
+    tolerances = by(stack.api, 'normserve_model_parity_tolerance{job="normserve"}', "model", "version")
+    assert set(diffs) == set(tolerances) == {("encoder", "1"), ("encoder-preln", "1"), ("layernorm", "1")}
+    assert all(0 <= diffs[k] < tolerances[k] <= 1e-4 for k in diffs)
+
+
+def test_every_alert_rule_evaluates_on_the_live_series_and_none_fires(stack: Stack) -> None:
+    rules = _rules(stack.api)
+    deployed = yaml.safe_load((DEPLOY / "alerts.yml").read_text())["groups"]
+    assert sorted(r["name"] for r in rules) == sorted(r["alert"] for g in deployed for r in g["rules"])
+    until(lambda: all(r["health"] == "ok" for r in _rules(stack.api)), "every rule evaluated")
+    assert all(r["state"] == "inactive" for r in _rules(stack.api))
+
+
+def _rules(api: str) -> list[dict[str, Any]]:
+    groups = httpx.get(f"{api}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+# ---- metric hygiene ---------------------------------------------------------------------------------------------
+
+
+def promtool_check_metrics(text: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("workers", ["one", "two"])
+def test_promtool_finds_nothing_to_say_about_a_live_metrics(stack: Stack, client: httpx.Client, workers: str) -> None:
+    text = (client.get("/metrics") if workers == "one" else httpx.get(stack.base + "/metrics", timeout=10)).text
+    assert "normserve_http_requests_total" in text
+    result = promtool_check_metrics(text)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_promtool_would_say_so_about_a_counter_without_total() -> None:
+    result = promtool_check_metrics("# HELP x_requests Requests.\n# TYPE x_requests counter\nx_requests 1\n")
+    assert (result.returncode, result.stderr) == (3, 'x_requests counter metrics should have "_total" suffix\n')
+
+
+def test_label_values_stay_bounded_whatever_the_client_sends(stack: Stack) -> None:
+    invented = uuid.uuid4().hex
+    for path in (f"/no/such/{invented}", f"/v2/models/{invented}", f"/v2/models/{invented}/versions/{invented}/infer"):
+        assert httpx.post(stack.base + path, json=V2_INFER, headers={"Connection": "close"}).status_code in (404, 405)
+    text = httpx.get(stack.base + "/metrics", timeout=10).text
+    assert invented not in text
+    models = {dict(labels)["model"] for (_, labels) in parse(text) if "model" in dict(labels)}
+    assert models == {"encoder", "encoder-preln", "layernorm"}  # the repository's folders only
+
+
+# ---- the files in deploy/ ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["check", "config", "prometheus.yml"], ["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]],
+    ids=lambda c: " ".join(c),
+)
+def test_promtool_passes_the_deploy_files(command: list[str]) -> None:
+    result = subprocess.run(["promtool", *command], cwd=DEPLOY, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_alert_unit_tests_can_fail(tmp_path: Path) -> None:
+    """The same unit tests against rules whose SLO is 10 s: the latency case must fail."""
+    (tmp_path / "alerts.yml").write_text((DEPLOY / "alerts.yml").read_text().replace("> 0.5\n", "> 10\n"))
+    shutil.copy(DEPLOY / "alerts_test.yml", tmp_path)
+    result = subprocess.run(
+        ["promtool", "test", "rules", "alerts_test.yml"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 1 and "alertname: NormserveLatencyP99OverSLO" in result.stdout + result.stderr
+
+
+def test_the_kubernetes_config_is_the_compose_one_with_the_deployments_pods() -> None:
+    compose = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    k8s = yaml.safe_load((DEPLOY / "prometheus-k8s.yml").read_text())
+    assert (k8s["global"], k8s["rule_files"]) == (compose["global"], compose["rule_files"])
+    (job,) = k8s["scrape_configs"]
+    assert job["job_name"] == "normserve" and job["metrics_path"] == "/metrics"
+    keep = {r["source_labels"][0]: r["regex"] for r in job["relabel_configs"] if r.get("action") == "keep"}
+    deployment = yaml.safe_load((ROOT / "deploy" / "k8s" / "deployment.yaml").read_text())
+    pod = deployment["spec"]["template"]
+    name = pod["metadata"]["labels"]["app.kubernetes.io/name"]
+    ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert keep == {
+        "__meta_kubernetes_pod_label_app_kubernetes_io_name": name,
+        "__meta_kubernetes_pod_container_port_name": "http",
+    }
+    assert ports["http"] == 8000
+
+
+# ---- the dashboard ----------------------------------------------------------------------------------------------
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, expr) of every target of every panel, template variables substituted."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    found = []
+    for panel in panels:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for variable, value in TEMPLATE.items():
+                expr = expr.replace(variable, value)
+            found.append((panel["title"], expr))
+    return found
+
+
+def test_the_dashboard_is_importable_with_a_prometheus_datasource_variable() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["DS_PROMETHEUS"]["type"] == "datasource" and variables["DS_PROMETHEUS"]["query"] == "prometheus"
+    assert "id" not in dashboard and dashboard["uid"] == "normserve"  # import creates it; the uid keeps links stable
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+    assert all(p["datasource"] == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"} for p in panels)
+    variables_used = {v for p in panels for t in p["targets"] for v in re.findall(r"\$\w+", t["expr"])}
+    assert all(p["targets"] for p in panels) and variables_used <= set(TEMPLATE)
+    assert "$instance" in variables_used and "instance" in variables
+
+
+QUERIES = dashboard_queries()
+
+
+@pytest.mark.parametrize(("title", "expr"), QUERIES, ids=[f"{t}-{i}" for i, (t, _) in enumerate(QUERIES)])
+def test_every_dashboard_query_runs_on_the_live_prometheus(stack: Stack, title: str, expr: str) -> None:
+    assert "$" not in expr, f"{title}: a template variable left: {expr}"
+    result = query(stack.api, expr)
+    if not any(name in expr for name in ABSENT_HERE):
+        assert result, f"{title}: no data for {expr}"
