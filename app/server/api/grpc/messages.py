@@ -19,7 +19,7 @@ from app.server.admission import Admission
 
 BACKEND = "onnxruntime"
 # Triton's extensions this transport implements (binary_tensor_data is HTTP's: gRPC tensors are raw anyway).
-EXTENSIONS = ("parameters", "statistics", "model_configuration")
+EXTENSIONS = ("parameters", "statistics", "model_configuration", "trace", "logging")
 READY, UNAVAILABLE = "READY", "UNAVAILABLE"  # Triton's model states
 
 

@@ -19,6 +19,7 @@ from app.core.model import Model
 from app.errors import ModelControlDisabled
 from app.server.api.grpc import calls, codec, messages, wire
 from app.server.api.grpc.calls import Call
+from app.server.api.grpc.control import ControlRPCs
 from app.server.api.v2.rules import InferRequest
 from app.server.statistics import InferTimer
 from app.server.worker import INLINE_BODY_BYTES, Worker, staged
@@ -33,7 +34,7 @@ MODEL_CONTROL = (
 )
 
 
-class InferenceService:
+class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
     """The RPCs of one worker; `close()` ends its streams once their answers are sent (shutdown)."""
 
     def __init__(self, worker: Worker) -> None:

@@ -24,7 +24,7 @@ from app.server.worker import INLINE_BODY_BYTES, Worker, staged
 
 router = APIRouter(tags=["v2"], route_class=DirectRoute)  # no dependency solving
 
-EXTENSIONS = ["binary_tensor_data", "parameters", "statistics"]
+EXTENSIONS = ["binary_tensor_data", "parameters", "statistics", "trace", "logging"]
 STREAM_BYTES = 1 << 20  # answers above this go out in slices of this size
 
 
