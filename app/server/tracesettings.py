@@ -1,7 +1,8 @@
 """Triton's trace extension settings: which requests get a trace, changed at run time, per worker process.
 
 trace_level OFF or TIMESTAMPS (Triton's TENSORS would put tensor values in spans: never), trace_rate N
-(one request in N), trace_count (traces left, -1 = no limit; at 0 tracing stops until it is set again).
+(one inference request in N), trace_count (inference traces left, -1 = no limit; at 0 inference tracing
+stops until it is set again).
 The server-wide values apply to every model; a model's own values override them one by one, and a
 null value clears a model's override (or puts a server-wide value back to its start-up default), as
 in Triton. A model that sets its own rate or count has its own counter. Every value is a string on
@@ -41,18 +42,19 @@ class Scope:
 def _level(value: Any) -> str:
     values = value if isinstance(value, list) else [value]
     if len(values) != 1 or values[0] not in (OFF, TIMESTAMPS):
-        raise InvalidInput(f"expected [{OFF!r}] or [{TIMESTAMPS!r}] (TENSORS is not supported), got {shown(value)}")
+        expected = f"expected [{OFF!r}] or [{TIMESTAMPS!r}] (TENSORS is not supported)"
+        raise InvalidInput(f"{expected}, got {shown(value)}", "trace_level")
     return str(values[0])
 
 
-def _integer(value: Any, least: int) -> int:
+def _integer(key: str, value: Any, least: int) -> int:
     text = value[0] if isinstance(value, list) and len(value) == 1 else value
     try:
         number = int(text) if isinstance(text, str | int) and not isinstance(text, bool) else None
     except ValueError:
         number = None
     if number is None or number < least:
-        raise InvalidInput(f"expected an integer >= {least} (as a string), got {shown(value)}")
+        raise InvalidInput(f"expected an integer >= {least} (as a string), got {shown(value)}", key)
     return number
 
 
@@ -105,11 +107,16 @@ class TraceSettings:
                     raise InvalidInput(f"{TIMESTAMPS} needs an OTLP endpoint: {NO_EXPORTER}", key)
             else:
                 least = 1 if key == "trace_rate" else UNLIMITED
-                parsed[key.removeprefix("trace_")] = _integer(value, least)
+                parsed[key.removeprefix("trace_")] = _integer(key, value, least)
         return parsed
 
-    def sample(self, model: str | None) -> bool:
-        """Whether this request is traced: level on, its turn in the rate, and a trace left in the count."""
+    def sample(self, model: str | None, inference: bool = True) -> bool:
+        """Whether this request is traced: level on, its turn in the rate, and a trace left in the count.
+
+        As in Triton, rate and count are of inference requests; any other request (health, metadata, these
+        settings) is traced whenever the server-wide level is TIMESTAMPS, and counts against neither."""
+        if not inference:
+            return self._global.level == TIMESTAMPS
         with self._lock:
             own = self._models.get(model or "")
             level = (own.level if own is not None else None) or self._global.level

@@ -130,9 +130,10 @@ def finish(trace: Trace | None, name: str, attributes: dict[str, Any], error: st
     error: the error.type of a failed request (its status), None when it succeeded."""
     if trace is None:
         return {}
-    model = trace.timer.model if trace.timer is not None else None
+    timer = trace.timer  # only inference requests have one: they alone count against trace_rate and trace_count
+    model = timer.model if timer is not None else None
     tracer = STATE.tracer
-    if tracer is not None and STATE.settings.sample(model[0] if model else None):
+    if tracer is not None and STATE.settings.sample(model[0] if model else None, inference=timer is not None):
         context = _spans(tracer, trace, name, attributes, error).get_span_context()
         return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
     if trace.parent is not None:
