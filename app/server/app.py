@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,12 +12,12 @@ import anyio.to_thread
 from fastapi import FastAPI
 
 from app import __version__
-from app.server import logs, metrics
+from app.server import logs, metrics, tracing
 from app.server.api import docs, errors, health, openapi, playground
 from app.server.api import metrics as metrics_api
 from app.server.api.grpc import server as grpc_server
 from app.server.api.rest import routes as rest
-from app.server.api.v2 import repository
+from app.server.api.v2 import control, repository
 from app.server.api.v2 import routes as v2
 from app.server.connections import CloseUnreadBodies
 from app.server.observability import ObservabilityMiddleware
@@ -31,6 +32,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     worker: Worker = app.state.worker
     logs.configure(worker.settings.log_level)
     metrics.reap_dead_workers()
+    tracing.STATE.configure(os.environ)  # OTLP export from OTEL_* in each worker process, after the fork
     # The threadpool runs every inference; it must admit as many as the in-flight limit does.
     anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, worker.settings.max_in_flight)
     starting = asyncio.create_task(asyncio.to_thread(worker.start))  # liveness answers meanwhile
@@ -43,6 +45,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if polling is not None:
         polling.cancel()
     await starting
+    tracing.STATE.shutdown()  # flushes the spans still queued
     metrics.worker_exit()
 
 
@@ -70,7 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.add_middleware(ObservabilityMiddleware)  # pure ASGI: request ids, request metrics, the JSON log line
     app.add_middleware(CloseUnreadBodies)  # an answer sent before its request's body ended closes the connection
-    for router in (rest.router, health.router, v2.router, repository.router, metrics_api.router):
+    for router in (rest.router, health.router, v2.router, repository.router, control.router, metrics_api.router):
         app.include_router(router)
     playground.install(app)  # GET / and /static
     docs.install(app)  # GET /docs and /docs/assets

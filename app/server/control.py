@@ -57,7 +57,7 @@ class ModelControl:
         self.repository.check_layout()
         names = self.repository.names()
         if settings.model_control == "none" and not names:  # nothing would ever load: not ready, and why
-            raise ModelLoadError(f"{self.repository.root}: the model repository holds no models; run `normserve export`")
+            raise ModelLoadError(f"{self.repository.root}: the repository holds no models; run `normserve export`")
         if settings.model_control != "explicit" or settings.startup_models.strip() == "*":
             return names
         wanted = [n.strip() for n in settings.startup_models.split(",") if n.strip()]

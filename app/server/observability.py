@@ -1,4 +1,5 @@
-"""Per-request observability as pure ASGI middleware: X-Request-ID, Prometheus request metrics, the JSON log line.
+"""Per-request observability as pure ASGI middleware: X-Request-ID, Prometheus request metrics, the JSON log line,
+and the request's trace (app/server/tracing.py).
 
 Pure ASGI rather than BaseHTTPMiddleware, which buffers bodies: the routes read the raw stream
 themselves (size limits, 413 before the whole body is in memory), and the wrappers here only count.
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.server import logs, metrics
+from app.server import logs, metrics, tracing
 
 HEADER = "X-Request-ID"
 _HEADER_KEY = b"x-request-id"
@@ -32,6 +33,7 @@ class RequestInfo:
     status: int = 500  # until the response starts: an app that raises past every handler answered 500
     bytes_in: int = 0
     bytes_out: int = 0
+    trace: tracing.Trace | None = None  # with tracing on, or a valid traceparent in
 
 
 # The threadpool copies the context into the inference thread, so both see the same RequestInfo object.
@@ -63,6 +65,17 @@ def _incoming_id(scope: Scope) -> str:
     return uuid.uuid4().hex
 
 
+def _trace_headers(scope: Scope) -> tuple[str | None, str | None]:
+    """The W3C traceparent and tracestate headers (latin-1, as HTTP headers are)."""
+    parent = state = None
+    for key, value in scope["headers"]:
+        if key == b"traceparent":
+            parent = value.decode("latin-1")
+        elif key == b"tracestate":
+            state = value.decode("latin-1")
+    return parent, state
+
+
 def _route(scope: Scope) -> str:
     # FastAPI stores the matched APIRoute in the scope: its template bounds the label's values.
     path = getattr(scope.get("route"), "path", None)
@@ -90,6 +103,7 @@ class ObservabilityMiddleware:
             return
         start = time.perf_counter()
         info = RequestInfo(_incoming_id(scope))
+        info.trace = tracing.start(*_trace_headers(scope))
         scope.setdefault("state", {})["request_id"] = info.request_id
         header = (_HEADER_KEY, info.request_id.encode("ascii"))
 
@@ -119,17 +133,23 @@ def _record(scope: Scope, info: RequestInfo, seconds: float) -> None:
     method = scope["method"] if scope["method"] in _METHODS else "other"
     route = _route(scope)
     metrics.observe_request(method, route, info.status, seconds)
+    path = scope["path"][:256]  # without the query string, which may carry data
+    ids: dict[str, str] = {}
+    if info.trace is not None:
+        matched = None if route == metrics.UNMATCHED else route
+        ids = tracing.finish_http(info.trace, method, matched, path, info.status, info.request_id)
     if logs.access_enabled():
         logs.access(
             {
                 "request_id": info.request_id,
                 "method": method,
                 "route": route,
-                "path": scope["path"][:256],  # without the query string, which may carry data
+                "path": path,
                 "status": info.status,
                 "duration_ms": round(seconds * 1000, 3),
                 "model": info.model,
                 "bytes_in": info.bytes_in,
                 "bytes_out": info.bytes_out,
+                **ids,  # trace_id and span_id, when the request has a trace
             }
         )

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.server import tracing
+
 STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
 
 
@@ -42,10 +44,16 @@ class InferTimer:
         self.start = time.perf_counter_ns()
         self.marks: dict[str, int] = {}
         self.model: tuple[str, str] | None = None  # (name, version), once the request names its model
+        self.shape: tuple[int, ...] | None = None  # the input tensor's, once decoded: for the trace
+        tracing.note_timer(self)  # the request's trace (if any) draws its stage spans from these marks
 
     def mark(self, stage: str) -> None:
         """The end of a stage (one of STAGES); each stage starts where the previous one ended."""
         self.marks[stage] = time.perf_counter_ns()
+
+    def note_input(self, request: Any) -> None:
+        """The data plane's input, decoded: its tensor's shape goes on the request's trace."""
+        self.shape = getattr(getattr(request, "x", None), "shape", None)  # NumPy's: already a tuple of ints
 
     def durations(self) -> dict[str, int]:
         out, prev = {}, self.start

@@ -161,6 +161,7 @@ def staged(
         timer.mark("queue")
         model, request, wire = decode()
         timer.model = (model.name, model.version)
+        timer.note_input(request)
         timer.mark("compute_input")
         result = model.infer(request)
         timer.mark("compute_infer")

@@ -5,6 +5,7 @@ on to gRPC codes, with HTTP's message text: 400 INVALID_ARGUMENT, 403 PERMISSION
 NOT_FOUND, 413 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, anything else INTERNAL.
 The request id is the request's `id` when it has one, else the `x-request-id` metadata (plain and
 short, as HTTP's X-Request-ID; else a new one); it goes back as `x-request-id` trailing metadata.
+A `traceparent` (and `tracestate`) metadata entry is the caller's span, as the HTTP header is.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from app.errors import MalformedBody, NormserveError, status_for
-from app.server import logs, metrics, observability
+from app.server import logs, metrics, observability, tracing
 from app.server.api.errors import printable
 from app.server.api.grpc import wire
 
@@ -99,6 +100,7 @@ class Call:
     bytes_in: int = 0
     bytes_out: int = 0
     start: float = field(default_factory=time.perf_counter)
+    trace: tracing.Trace | None = None  # with tracing on, or a valid traceparent in
 
     def failed(self, exc: BaseException, context: Any) -> str | None:
         """Record an error's status; the message to abort with, or None for a cancelled call (nothing to send)."""
@@ -123,6 +125,10 @@ class Call:
     def finish(self) -> None:
         seconds = time.perf_counter() - self.start
         metrics.observe_grpc(self.service, self.method, self.model, self.code.name, seconds)
+        ids: dict[str, str] = {}
+        if self.trace is not None:
+            code = (self.code.value[0], self.code.name)
+            ids = tracing.finish_grpc(self.trace, self.service, self.method, code, self.request_id)
         if logs.access_enabled():
             route = f"/{self.service}/{self.method}"
             logs.access(
@@ -137,6 +143,7 @@ class Call:
                     "model": self.model or None,
                     "bytes_in": self.bytes_in,
                     "bytes_out": self.bytes_out,
+                    **ids,  # trace_id and span_id, when the call has a trace
                 }
             )
 
@@ -144,7 +151,18 @@ class Call:
 def begin(service: str, method: str, context: Any, request: Any = None) -> Call:
     call = Call(service, method, incoming_id(context, getattr(request, "id", "") or ""))
     call.bytes_in = 0 if request is None else int(request.ByteSize())
+    call.trace = tracing.start(*_trace_metadata(context))
     return call
+
+
+def _trace_metadata(context: Any) -> tuple[str | None, str | None]:
+    parent = state = None
+    for entry in context.invocation_metadata() or ():
+        if entry.key == "traceparent":
+            parent = entry.value
+        elif entry.key == "tracestate":
+            state = entry.value
+    return parent if isinstance(parent, str) else None, state if isinstance(state, str) else None
 
 
 def unary(service: str, method: str, fn: Unary) -> Callable[[Any, Any], Awaitable[Any]]:

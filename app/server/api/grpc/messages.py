@@ -17,7 +17,7 @@ from app.core.model import Model
 from app.server.api.v2 import config
 
 # Triton's extensions this transport implements (binary_tensor_data is HTTP's: gRPC tensors are raw anyway).
-EXTENSIONS = ("parameters", "statistics", "model_configuration", "model_repository")
+EXTENSIONS = ("parameters", "statistics", "model_configuration", "model_repository", "trace", "logging")
 
 
 def server_metadata() -> Any:

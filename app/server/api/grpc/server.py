@@ -8,7 +8,7 @@ too, so give each deployment its own port (the tests take a free port per server
 
 Handlers are registered from the service descriptors that tritonclient's generated modules carry,
 so every RPC of `inference.GRPCInferenceService` is routed: the implemented ones to
-app/server/api/grpc/service.py, the others (shared memory, tracing, log settings) to UNIMPLEMENTED.
+app/server/api/grpc/service.py (trace and log settings: control.py), the others (shared memory) to UNIMPLEMENTED.
 ModelInfer and ModelStreamInfer get wire.py's serializers, which append raw outputs without copies.
 Messages larger than NORMSERVE_MAX_BODY_BYTES, also after decompression, are refused by grpc itself
 with RESOURCE_EXHAUSTED before any handler runs.

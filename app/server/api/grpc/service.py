@@ -21,6 +21,7 @@ from app.errors import InvalidInput
 from app.server.api.admin import check_token
 from app.server.api.grpc import calls, codec, messages, wire
 from app.server.api.grpc.calls import Call
+from app.server.api.grpc.control import ControlRPCs
 from app.server.api.v2.rules import InferRequest
 from app.server.statistics import InferTimer
 from app.server.worker import INLINE_BODY_BYTES, Worker, staged
@@ -30,7 +31,7 @@ SERVICE = "inference.GRPCInferenceService"
 STREAM_WINDOW = 16
 
 
-class InferenceService:
+class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
     """The RPCs of one worker; `close()` ends its streams once their answers are sent (shutdown)."""
 
     def __init__(self, worker: Worker) -> None:

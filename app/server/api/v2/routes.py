@@ -24,7 +24,15 @@ from app.server.worker import INLINE_BODY_BYTES, Worker, staged
 
 router = APIRouter(tags=["v2"], route_class=DirectRoute)  # no dependency solving
 
-EXTENSIONS = ["binary_tensor_data", "parameters", "statistics", "model_repository", "model_configuration"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "model_repository",
+    "model_configuration",
+    "trace",
+    "logging",
+]
 STREAM_BYTES = 1 << 20  # answers above this go out in slices of this size
 
 

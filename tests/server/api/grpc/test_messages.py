@@ -22,7 +22,7 @@ def test_server_metadata_names_normserve_and_its_grpc_extensions() -> None:
     assert (meta.name, meta.version, list(meta.extensions)) == (
         "normserve",
         __version__,
-        ["parameters", "statistics", "model_configuration", "model_repository"],
+        ["parameters", "statistics", "model_configuration", "model_repository", "trace", "logging"],
     )
 
 

@@ -93,7 +93,7 @@ def test_server_is_live_and_ready_and_names_itself(triton: tg.InferenceServerCli
     assert meta == {
         "name": "normserve",
         "version": __version__,
-        "extensions": ["parameters", "statistics", "model_configuration", "model_repository"],
+        "extensions": ["parameters", "statistics", "model_configuration", "model_repository", "trace", "logging"],
     }
 
 
@@ -155,8 +155,6 @@ def test_repository_load_and_unload_are_denied_without_explicit_model_control(
         (lambda c: c.get_system_shared_memory_status(), "SystemSharedMemoryStatus"),
         (lambda c: c.unregister_system_shared_memory(), "SystemSharedMemoryUnregister"),
         (lambda c: c.get_cuda_shared_memory_status(), "CudaSharedMemoryStatus"),
-        (lambda c: c.get_trace_settings(), "TraceSetting"),
-        (lambda c: c.get_log_settings(), "LogSettings"),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
