@@ -19,9 +19,12 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / ".bench"  # gitignored: the KServe venv and the servers' logs
-KSERVE_VENV = CACHE / "kserve-venv"
-KSERVE_PACKAGES = ["kserve", "onnxruntime", "numpy"]
+CACHE = ROOT / ".bench"  # gitignored: the peers' venvs and the servers' logs
+# The peers that run in a venv of their own under CACHE, never in ours: what pip installs there.
+PEER_PACKAGES = {
+    "kserve": ["kserve", "onnxruntime", "numpy"],
+    "mlserver": ["mlserver==1.7.1", "onnxruntime", "numpy"],
+}
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 15.0
@@ -137,63 +140,89 @@ def _tail(output: Path | None, chars: int = 4000) -> str:
     return "" if output is None else f"; the end of {output}:\n{output.read_text(errors='replace')[-chars:]}"
 
 
-def normserve_command() -> list[str]:
+def normserve_command(app: str = "app.main:app") -> list[str]:
     # One uvicorn process (no --workers): its PID is the worker's, whose memory section 5 reads.
     options = ("--loop", "uvloop", "--http", "httptools", "--log-level", "warning", "--no-access-log")
-    return uvicorn_command(*options)
+    return uvicorn_command(*options, app=app)
+
+
+def layernorm_path(models: Path) -> Path:
+    """The layernorm ONNX file of the repository layout models/layernorm/<version>/model.onnx, newest version."""
+    versions = [d for d in (models / "layernorm").iterdir() if d.name.isdigit() and (d / "model.onnx").is_file()]
+    if not versions:
+        raise FileNotFoundError(f"no models/layernorm/<version>/model.onnx under {models}")
+    return max(versions, key=lambda d: int(d.name)) / "model.onnx"
+
+
+def _command(name: str, models: Path, port: int | None, grpc_port: int) -> tuple[list[str], str]:
+    """The command line of one server and the path that answers 200 once it is ready."""
+    layernorm = str(layernorm_path(models))
+    if name == "normserve":
+        return normserve_command(), "/v2/health/ready"
+    if name == "trivial":  # the HTTP floor: the same uvicorn, uvloop and httptools, no framework, no work
+        return normserve_command("benchmarks.peers.trivial_asgi:app"), "/health"
+    if name == "naive":
+        cmd = [sys.executable, "-m", "benchmarks.peers.naive_fastapi", "--model", layernorm, "--port", str(port)]
+        return cmd, "/health"
+    if name == "kserve":
+        cmd = [str(peer_venv(name) / "bin" / "python"), str(ROOT / "benchmarks/peers/kserve_model.py")]
+        cmd += ["--model_path", layernorm, "--http_port", str(port)]
+        return cmd + (["--grpc_port", str(grpc_port)] if grpc_port else []), "/v2/models/layernorm/ready"
+    if name == "mlserver":
+        cmd = [str(peer_venv(name) / "bin" / "python"), str(ROOT / "benchmarks/peers/mlserver_model.py")]
+        cmd += ["--model_path", layernorm, "--http_port", str(port)]
+        # MLServer always starts its gRPC and metrics servers: both get a free loopback port.
+        cmd += ["--grpc_port", str(grpc_port or free_port()), "--metrics_port", str(free_port())]
+        return cmd, "/v2/models/layernorm/ready"
+    raise ValueError(f"unknown server {name!r}")
 
 
 @contextmanager
 def serve(
     name: str, env: Mapping[str, str] | None = None, model_dir: Path | None = None, grpc_port: int = 0
 ) -> Iterator[Server]:
-    """Start one server (normserve, naive or kserve), wait until it answers ready, stop it on exit.
+    """Start one server (normserve, trivial, naive, kserve or mlserver), wait until it answers ready, stop it on exit.
 
-    grpc_port: normserve and kserve also serve gRPC there (0: no gRPC; never 8001, which two servers would share
-    under SO_REUSEPORT)."""
+    grpc_port: normserve and the V2 peers also serve gRPC there (0: no gRPC; never 8001, which two servers would
+    share under SO_REUSEPORT)."""
     models = model_dir or ROOT / "models"
     base = {"NORMSERVE_MODEL_DIR": str(models), "NORMSERVE_LOG_LEVEL": "warning", "NORMSERVE_GRPC_PORT": str(grpc_port)}
     full_env = {**os.environ, **base, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    layernorm = str(models / "layernorm.onnx")
-    port = None if name == "normserve" else free_port()  # the peers take a port, not an --fd socket
-    if name == "normserve":
-        cmd, ready = normserve_command(), "/v2/health/ready"
-    elif name == "naive":
-        cmd = [sys.executable, "-m", "benchmarks.peers.naive_fastapi", "--model", layernorm, "--port", str(port)]
-        ready = "/health"
-    elif name == "kserve":
-        cmd = [str(KSERVE_VENV / "bin" / "python"), str(ROOT / "benchmarks/peers/kserve_model.py")]
-        cmd += ["--model_path", layernorm, "--http_port", str(port)]
-        cmd += ["--grpc_port", str(grpc_port)] if grpc_port else []
+    if name == "kserve":
         full_env["KSERVE_LOGLEVEL"] = "WARNING"  # no log line per request, as normserve at warning
-        ready = "/v2/models/layernorm/ready"
-    else:
-        raise ValueError(f"unknown server {name!r}")
+    port = None if name in ("normserve", "trivial") else free_port()  # the peers take a port, not an --fd socket
+    cmd, ready = _command(name, models, port, grpc_port)
     CACHE.mkdir(exist_ok=True)
     with server_process(cmd, port=port, ready=ready, env=full_env, output=CACHE / f"{name}.log") as server:
         yield server
 
 
-def kserve_ready() -> bool:
-    return (KSERVE_VENV / ".installed").is_file()
+def peer_venv(name: str) -> Path:
+    return CACHE / f"{name}-venv"
 
 
-def ensure_kserve_venv(timeout_s: float = 1200.0) -> None:
-    """Create .bench/kserve-venv with `pip install kserve onnxruntime numpy`, once; KServe never enters our venv."""
-    if kserve_ready():
+def peer_ready(name: str) -> bool:
+    return (peer_venv(name) / ".installed").is_file()
+
+
+def ensure_peer_venv(name: str, timeout_s: float = 1200.0) -> None:
+    """Create .bench/NAME-venv with pip install PEER_PACKAGES[name], once; a peer never enters our venv."""
+    if peer_ready(name):
         return
     CACHE.mkdir(exist_ok=True)
-    print(f"bench: creating {KSERVE_VENV} (pip install {' '.join(KSERVE_PACKAGES)}) ...", file=sys.stderr, flush=True)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(KSERVE_VENV)], check=True, timeout=timeout_s)
-    pip = [str(KSERVE_VENV / "bin" / "python"), "-m", "pip", "install", "--quiet", *KSERVE_PACKAGES]
+    venv, packages = peer_venv(name), PEER_PACKAGES[name]
+    print(f"bench: creating {venv} (pip install {' '.join(packages)}) ...", file=sys.stderr, flush=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=timeout_s)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *packages]
     subprocess.run(pip, check=True, timeout=timeout_s)
-    (KSERVE_VENV / ".installed").write_text(kserve_version() + "\n")
+    (venv / ".installed").write_text(peer_version(name) + "\n")
 
 
-def kserve_version() -> str:
-    code = "import importlib.metadata as m; print(m.version('kserve'))"
-    out = subprocess.run([str(KSERVE_VENV / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=60)
+def peer_version(name: str) -> str:
+    code = f"import importlib.metadata as m; print(m.version({name!r}))"
+    python = str(peer_venv(name) / "bin" / "python")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
     return out.stdout.strip() or "unknown"
 
 

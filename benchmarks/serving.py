@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -20,11 +23,16 @@ from benchmarks.load import Request, check, load
 LAYERNORM_INFER = "/v2/models/layernorm/infer"
 GRPC = "gRPC"  # ModelInfer with raw tensors on NORMSERVE_GRPC_PORT (benchmarks/grpc_load.py)
 JSON = {"Content-Type": "application/json"}
-# Which protocols each server speaks (the naive peer has only its /normalize; KServe only V2).
+TRACED = "normserve, tracing on"  # normserve exporting a span per request to a receiver on loopback
+TRIVIAL = "trivial"  # the HTTP floor (benchmarks/peers/trivial_asgi.py): fed the /normalize body, answers a constant
+# Which protocols each server speaks (the naive peer has only its /normalize; KServe and MLServer only V2).
 PROTOCOLS = {
     "normserve": ("/normalize JSON", "V2 JSON", "V2 binary", GRPC),
+    TRACED: ("/normalize JSON",),
+    TRIVIAL: ("/normalize JSON",),
     "naive": ("/normalize JSON",),
     "kserve": ("V2 JSON", "V2 binary", GRPC),
+    "mlserver": ("V2 JSON", GRPC),
 }
 MATCH_ATOL = 1e-4  # every server's answer is checked against the NumPy reference before it is timed
 
@@ -65,11 +73,11 @@ def output_of(protocol: str, response: httpx.Response) -> np.ndarray:
 
 
 def _verifier(protocol: str, x: np.ndarray) -> Callable[[httpx.Response], None]:
-    verify = _array_verifier(protocol, x)
+    verify = array_verifier(protocol, x)
     return lambda response: verify(output_of(protocol, response))
 
 
-def _array_verifier(protocol: str, x: np.ndarray) -> Callable[[np.ndarray], None]:
+def array_verifier(protocol: str, x: np.ndarray) -> Callable[[np.ndarray], None]:
     want = reference.layer_norm(x, 1, 1e-5, "var").output
 
     def verify(got: np.ndarray) -> None:
@@ -85,11 +93,13 @@ def http_section(plan: HttpPlan, log: Callable[[str], None]) -> list[dict[str, A
     rows: list[dict[str, Any]] = []
     for name in plan.servers:
         grpc_port = servers.free_port() if GRPC in PROTOCOLS[name] else 0
-        with servers.serve(name, grpc_port=grpc_port) as srv:
+        with _server(name, grpc_port) as srv:
             for protocol in PROTOCOLS[name]:
                 for shape in plan.shapes:
+                    if all(plan.skip(name, shape, conc) for conc in plan.concurrencies):
+                        continue
                     x = sample(shape)
-                    run = _cell(protocol, srv.port, grpc_port, x)
+                    run = _cell(protocol, srv.port, grpc_port, x, verify=name != TRIVIAL)
                     for conc in plan.concurrencies:
                         if plan.skip(name, shape, conc):
                             continue
@@ -97,19 +107,55 @@ def http_section(plan: HttpPlan, log: Callable[[str], None]) -> list[dict[str, A
                         result = run(conc, plan.seconds)
                         cpu = servers.cpu_seconds(srv.pid) - cpu
                         row = {"server": name, "protocol": protocol, "shape": shape, "concurrency": conc}
-                        rows.append({**row, **_load_row(result, cpu)})
+                        rows.append({**row, **load_row(result, cpu)})
                         log(f"{name:9} {protocol:16} {shape!s:15} c={conc:<3} {rows[-1]['rps']:9.1f} req/s")
     return rows
 
 
-def _cell(protocol: str, port: int, grpc_port: int, x: np.ndarray) -> Callable[[int, float], Any]:
+@contextmanager
+def _server(name: str, grpc_port: int) -> Iterator[servers.Server]:
+    """servers.serve(name), or normserve exporting its traces to a receiver that answers 200 (TRACED)."""
+    if name != TRACED:
+        with servers.serve(name, grpc_port=grpc_port) as srv:
+            yield srv
+        return
+    with ok_receiver() as endpoint, servers.serve("normserve", {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}) as srv:
+        yield srv
+
+
+@contextmanager
+def ok_receiver() -> Iterator[str]:
+    """A throwaway OTLP/HTTP receiver on 127.0.0.1 that reads each export and answers 200; yields its endpoint."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet: one line per export otherwise
+            pass
+
+    server = ThreadingHTTPServer((servers.HOST, 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{servers.HOST}:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def _cell(protocol: str, port: int, grpc_port: int, x: np.ndarray, verify: bool) -> Callable[[int, float], Any]:
     """Check one answer of the cell's request against the reference, then hand back its load: (concurrency, s)."""
     if protocol == GRPC:
         message = grpc_load.infer_request(x)
-        grpc_load.check(grpc_port, message, _array_verifier(protocol, x))
+        grpc_load.check(grpc_port, message, array_verifier(protocol, x))
         return lambda conc, seconds: grpc_load.load(grpc_port, message, conc, seconds)
     request = make_request(protocol, x)
-    check(port, request, _verifier(protocol, x))
+    check(port, request, _verifier(protocol, x) if verify else None)
     return lambda conc, seconds: load(port, request, conc, seconds)
 
 
@@ -132,7 +178,7 @@ def batching_section(
                     cpu, runs = servers.cpu_seconds(srv.pid), _encoder_runs(srv.port)
                     result = load(srv.port, request, conc, seconds)
                     cpu, runs = servers.cpu_seconds(srv.pid) - cpu, _encoder_runs(srv.port) - runs
-                    row = {"batching": label, "shape": shape, "concurrency": conc, **_load_row(result, cpu)}
+                    row = {"batching": label, "shape": shape, "concurrency": conc, **load_row(result, cpu)}
                     # Requests per onnxruntime run: above 1 only when the batcher really merged requests.
                     row["requests_per_run"] = result.requests / runs if runs else float("nan")
                     rows.append(row)
@@ -184,7 +230,7 @@ def _sized_request(protocol: str, payload_bytes: int) -> Request:
         rows = int(rows * payload_bytes / len(request.body) * 0.999)
 
 
-def _load_row(result: Any, cpu_s: float) -> dict[str, Any]:
+def load_row(result: Any, cpu_s: float) -> dict[str, Any]:
     return {
         "cpu_ms_per_request": cpu_s / result.requests * 1e3 if result.requests else float("nan"),
         "rps": result.rps,
