@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -256,55 +255,6 @@ def json_request_floor(runtime: Runtime, shape: tuple[int, ...], budget_s: float
         "orjson encode": measure(lambda: dumps({"output": out.reshape(shape)}), budget_s).median_s,
     }
     return {**parts, "sum": sum(parts.values()), "body_bytes": float(len(body))}
-
-
-def binary_request_floor(runtime: Runtime, shape: tuple[int, ...], budget_s: float) -> dict[str, float]:
-    """onnxruntime + two memory copies of the payload, and the loopback transfer of request and response."""
-    x = sample(shape)
-    dst = np.empty_like(x)
-    sess = runtime.get("layernorm").session
-    feeds = plain_feeds(x)
-    header, blob = binary_request(x)
-    parts = {
-        "onnxruntime": measure(lambda: sess.run(["output"], feeds), budget_s).median_s,
-        "two memory copies": 2 * measure(lambda: np.copyto(dst, x), budget_s).median_s,
-        "loopback transfer": loopback_transfer_s(len(header) + len(blob), len(blob) + 200, budget_s),
-    }
-    return {**parts, "compute": parts["onnxruntime"] + parts["two memory copies"]}
-
-
-def loopback_transfer_s(send: int, receive: int, budget_s: float) -> float:
-    """Median time to send `send` bytes over a 127.0.0.1 TCP connection and get `receive` bytes back."""
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-    payload, answer = b"x" * send, b"y" * receive
-
-    def echo() -> None:
-        conn, _ = server.accept()
-        with conn:
-            while True:
-                got = 0
-                while got < send:
-                    chunk = conn.recv(min(1 << 20, send - got))
-                    if not chunk:
-                        return
-                    got += len(chunk)
-                conn.sendall(answer)
-
-    thread = threading.Thread(target=echo, daemon=True)
-    thread.start()
-    with socket.create_connection(("127.0.0.1", port)) as client:
-
-        def round_trip() -> None:
-            client.sendall(payload)
-            got = 0
-            while got < receive:
-                got += len(client.recv(min(1 << 20, receive - got)))
-
-        t = measure(round_trip, budget_s, max_runs=200)
-    server.close()
-    thread.join(timeout=5)
-    return t.median_s
 
 
 def _timing_row(t: Timing, nbytes: int) -> dict[str, Any]:

@@ -16,6 +16,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="~1.5 s per HTTP cell and fewer cells: under 3 minutes")
     p.add_argument("--with-kserve", action="store_true", help="quick run: create the KServe venv if absent and run it")
     p.add_argument("--no-kserve", action="store_true", help="leave the KServe peer out")
+    p.add_argument("--with-mlserver", action="store_true", help="quick run: create the MLServer venv if absent, run it")
+    p.add_argument("--no-mlserver", action="store_true", help="leave the MLServer peer out")
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs", help="where benchmarks.md and .png go")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     p.add_argument("--note", default="", help="a sentence for the report, e.g. that the machine was shared")

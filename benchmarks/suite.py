@@ -17,9 +17,10 @@ from typing import Any
 
 import orjson
 
-from benchmarks import inprocess, options, report, servers, serving
+from benchmarks import floors, inprocess, options, report, servers, serving
+from benchmarks.encoder_torch import encoder_vs_torch
 from benchmarks.options import SECTIONS
-from benchmarks.serving import HttpPlan, stderr_log
+from benchmarks.serving import TRACED, TRIVIAL, HttpPlan, stderr_log
 
 FLOOR_SHAPES: list[tuple[int, ...]] = [(1, 8, 64), (8, 128, 768), (32, 512, 1024)]
 HTTP_SHAPES: list[tuple[int, ...]] = [(1, 8, 64), (8, 128, 768)]
@@ -32,6 +33,8 @@ BATCHING_ON = {
     "NORMSERVE_BATCH_MAX_SEQ_LEN": "512",
 }
 MERGE_SEQS = [8, 16, 32, 64, 96, 128]  # where a merged encoder run stops being cheaper per sequence
+TORCH_ENCODER_SHAPES: list[tuple[int, ...]] = [(1, 16, 128), (8, 128, 128)]
+PEERS = ("kserve", "mlserver")  # the peers in a venv of their own (benchmarks/servers.py PEER_PACKAGES)
 
 
 @dataclass
@@ -49,6 +52,7 @@ class Config:
     encode_seconds: float
     memory_bytes: int
     floor_shape: tuple[int, ...] = (8, 128, 768)  # the shape of the in-process sums the targets compare with
+    torch_encoder_shapes: list[tuple[int, ...]] = field(default_factory=lambda: list(TORCH_ENCODER_SHAPES))
     sections: tuple[str, ...] = SECTIONS
     note: str = ""
     fidelity: bool = True
@@ -56,18 +60,28 @@ class Config:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _slow_peer_cell(server: str, shape: tuple[int, ...], conc: int) -> bool:
-    # A naive or KServe JSON request of (8,128,768) takes seconds: 8 of them at once only in a full run.
-    return server != "normserve" and math.prod(shape) > 100_000 and conc > 1
+def _floor_cell(server: str, shape: tuple[int, ...], conc: int) -> bool:
+    # The HTTP floor and the tracing row are the small request at c=8 alone: what the targets compare.
+    return server in (TRIVIAL, TRACED) and (math.prod(shape) > 100_000 or conc == 1)
+
+
+def _quick_skip(server: str, shape: tuple[int, ...], conc: int) -> bool:
+    # A naive, KServe or MLServer JSON request of (8,128,768) takes up to seconds: 8 at once only in a full run.
+    slow = server not in ("normserve", TRIVIAL, TRACED) and math.prod(shape) > 100_000 and conc > 1
+    return slow or _floor_cell(server, shape, conc)
+
+
+def _servers(peers: list[str]) -> list[str]:
+    return ["normserve", TRACED, TRIVIAL, *peers]
 
 
 def quick(out_dir: Path, peers: list[str]) -> Config:
-    plan = HttpPlan(HTTP_SHAPES, [1, 8], 1.5, ["normserve", *peers], skip=_slow_peer_cell)
+    plan = HttpPlan(HTTP_SHAPES, [1, 8], 1.5, _servers(peers), skip=_quick_skip)
     return Config(out_dir, "quick", FLOOR_SHAPES, HTTP_SHAPES, 0.15, plan, ENCODE_SHAPES, [1, 16], 1.5, 64 << 20)
 
 
 def full(out_dir: Path, peers: list[str]) -> Config:
-    plan = HttpPlan(HTTP_SHAPES, [1, 8], 20.0, ["normserve", *peers])
+    plan = HttpPlan(HTTP_SHAPES, [1, 8], 20.0, _servers(peers), skip=_floor_cell)
     return Config(out_dir, "full", FLOOR_SHAPES, FLOOR_SHAPES, 2.0, plan, ENCODE_SHAPES, [1, 16], 20.0, 64 << 20)
 
 
@@ -87,6 +101,7 @@ def run(cfg: Config) -> dict[str, Any]:
         results["floor"] = inprocess.floor(runtime, cfg.floor_shapes, cfg.budget_s)
         results["threads"] = inprocess.threads(layernorm_path, cfg.floor_shapes, cfg.budget_s)
         results["stats_cost"] = inprocess.stats_cost(runtime, cfg.floor_shapes, cfg.budget_s)
+        results["encoder_torch"] = encoder_vs_torch(runtime, cfg.torch_encoder_shapes, cfg.budget_s)
     if "codecs" in cfg.sections:
         stderr_log("section 2: codecs")
         results["codecs"] = inprocess.codecs(runtime, settings, cfg.codec_shapes, cfg.budget_s)
@@ -94,16 +109,13 @@ def run(cfg: Config) -> dict[str, Any]:
             "shape": cfg.floor_shape,
             **inprocess.json_request_floor(runtime, cfg.floor_shape, cfg.budget_s),
         }
-        results["binary_floor"] = {
-            "shape": cfg.floor_shape,
-            **inprocess.binary_request_floor(runtime, cfg.floor_shape, cfg.budget_s),
-        }
+        results["binary_floor"] = floors.binary_floor(cfg.floor_shape, cfg.budget_s)
     if "batching" in cfg.sections:
         results["merged_runs"] = inprocess.merged_runs(runtime, MERGE_SEQS, cfg.budget_s)
     del runtime  # the servers below are separate processes; free this one's sessions
     if "http" in cfg.sections:
         stderr_log(f"section 3: HTTP, {cfg.http.seconds:g} s per cell, servers {cfg.http.servers}")
-        results["http"] = serving.http_section(cfg.http, stderr_log)
+        results["http"] = serving.http_section(cfg.http, stderr_log) + _grpc_floor(cfg)
     if "batching" in cfg.sections:
         stderr_log("section 4: /encode, dynamic batching off and on")
         results["batching"] = serving.batching_section(
@@ -119,6 +131,16 @@ def run(cfg: Config) -> dict[str, Any]:
     results["meta"] = _meta(cfg, time.time() - started)
     _write(cfg, results)
     return results
+
+
+def _grpc_floor(cfg: Config) -> list[dict[str, Any]]:
+    """The gRPC floor at the cells the targets compare: the largest shape at c=1, the smallest at the most."""
+    small, large = cfg.http.shapes[0], cfg.http.shapes[-1]
+    cells = [(large, 1), (small, max(cfg.http.concurrencies))]
+    rows = floors.grpc_floor(cells, cfg.http.seconds, lambda x: serving.array_verifier("gRPC", x), serving.load_row)
+    for r in rows:
+        stderr_log(f"{r['server']:9} gRPC {r['shape']!s:15} c={r['concurrency']:<3} {r['rps']:9.1f} req/s")
+    return rows
 
 
 def _write(cfg: Config, results: dict[str, Any]) -> None:
@@ -160,7 +182,8 @@ def _meta(cfg: Config, seconds: float) -> dict[str, Any]:
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     versions = {p: _version(p) for p in ("normserve", "onnxruntime", "numpy", "orjson", "fastapi", "uvicorn", "torch")}
     versions["python"] = platform.python_version()
-    versions["kserve (own venv)"] = servers.kserve_version() if "kserve" in cfg.http.servers else "not run"
+    for peer in PEERS:
+        versions[f"{peer} (own venv)"] = servers.peer_version(peer) if peer in cfg.http.servers else "not run"
     return {
         "command": cfg.command,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -201,11 +224,14 @@ def run_args(args: argparse.Namespace) -> int:
         report.write_markdown(results, args.out_dir / "benchmarks.md", "benchmarks.png")
         return 0
     peers = ["naive"]
-    if not args.no_kserve and (not args.quick or args.with_kserve or servers.kserve_ready()):
-        servers.ensure_kserve_venv()
-        peers.append("kserve")
-    elif not args.no_kserve:
-        stderr_log(f"quick run without the KServe peer: {servers.KSERVE_VENV} is absent (--with-kserve creates it)")
+    for peer in PEERS:
+        if getattr(args, f"no_{peer}"):
+            continue
+        if not args.quick or getattr(args, f"with_{peer}") or servers.peer_ready(peer):
+            servers.ensure_peer_venv(peer)
+            peers.append(peer)
+        else:
+            stderr_log(f"quick run without {peer}: {servers.peer_venv(peer)} is absent (--with-{peer} creates it)")
     cfg = (quick if args.quick else full)(args.out_dir, peers)
     cfg.sections = args.sections
     cfg.note = args.note
