@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.inprocess import shape_label
-from benchmarks.targets import evaluate
+from benchmarks.inprocess import TORCH, shape_label
+from benchmarks.targets import COLUMNS, evaluate
 
 
 def _ms(seconds: float) -> str:
@@ -34,7 +34,8 @@ def write_markdown(results: dict[str, Any], path: Path, png_name: str) -> None:
     parts = [
         "# Benchmarks\n",
         "Reproduce with `normserve bench` (about 15 minutes; `--quick` under 3). It starts and stops every "
-        "server itself on 127.0.0.1, one worker each, and creates the KServe peer's venv under `.bench/`. "
+        "server itself on 127.0.0.1, one worker each, and creates the KServe and MLServer peers' venvs under "
+        "`.bench/` (a quick run uses them only if present, or with `--with-kserve` / `--with-mlserver`). "
         "Raw figures: [benchmarks.json](benchmarks.json).\n",
         f"Written by `{meta['command']}` on {meta['date']} ({meta['mode']} run, {meta['seconds']:.0f} s in all). "
         "Every figure below comes from that one run on one machine, so the ratios compare like with like.\n",
@@ -43,7 +44,7 @@ def write_markdown(results: dict[str, Any], path: Path, png_name: str) -> None:
         parts.append(f"**Note:** {meta['note']}\n")
     machine = [[k, v] for k, v in meta["machine"].items()] + [[k, v] for k, v in meta["versions"].items()]
     parts += ["## Machine and versions\n", _table(["", ""], machine)]
-    parts += ["## Targets\n", _table(["target", "measured", "verdict"], evaluate(results))]
+    parts += ["## Targets\n", _table(COLUMNS, evaluate(results))]
     parts += _sections(results)
     parts.append(f"\n![latency against payload size]({png_name})\n")
     notes = Path(__file__).with_name("notes.md")
@@ -109,6 +110,7 @@ def _sections(results: dict[str, Any]) -> list[str]:
                 ),
             ),
         ]
+    out += _encoder_torch(results)
     if "codecs" in results:
         out += [
             "## 2. Codec costs\n",
@@ -143,12 +145,32 @@ def _floors(results: dict[str, Any]) -> list[str]:
         ]
     if "binary_floor" in results:
         f = results["binary_floor"]
-        rows = [[k, _ms(v)] for k, v in f.items() if k != "shape"]
         out += [
-            f"### In-process floor of a V2 binary request, {shape_label(tuple(f['shape']))}\n",
-            _table(["part", "ms"], rows),
+            f"### The floor of a V2 binary request, {shape_label(tuple(f['shape']))}\n",
+            "The request's bytes over a raw 127.0.0.1 socket to a thread that copies the tensor out of them, runs "
+            f"{TORCH} (1 thread) and sends the answer's bytes back (one copy out): what V2 binary over HTTP "
+            "cannot beat. The gRPC floor is a server of section 3 (`floor: grpcio`).\n",
+            _table(["p50 ms", "p99 ms", "runs"], [[f"{f['p50_ms']:.3g}", f"{f['p99_ms']:.3g}", f["runs"]]]),
         ]
     return out
+
+
+def _encoder_torch(results: dict[str, Any]) -> list[str]:
+    if "encoder_torch" not in results:
+        return []
+    return [
+        "### The encoder in process against torch's\n",
+        "normserve's encoder run (the one onnxruntime run /encode makes, output and statistics, without the "
+        "batcher's queue delay) and app/export/modules.py's `Encoder` with the same weights.npz, both at one "
+        "intra-op thread; medians.\n",
+        _table(
+            ["shape", "normserve ms", "torch ms", "ratio"],
+            (
+                [shape_label(r["shape"]), _ms(r["ours_s"]), _ms(r["torch_s"]), f"{r['ours_s'] / r['torch_s']:.2f}"]
+                for r in results["encoder_torch"]
+            ),
+        ),
+    ]
 
 
 def _http(results: dict[str, Any]) -> list[str]:
@@ -160,8 +182,13 @@ def _http(results: dict[str, Any]) -> list[str]:
             "benchmark's process on the same 2 cores. normserve answers `output` plus statistics; the peers "
             "`output` only (the V2 requests ask for `output` alone). Server CPU is the server process's user + "
             "system time per request (/proc/PID/stat), which other load on the machine disturbs least. The gRPC rows "
-            "are normserve's ModelInfer with raw tensors on its gRPC port, from grpc.aio clients (one channel each, "
-            "the request serialized once), a heavier client than the raw HTTP loop.\n",
+            "are ModelInfer with raw tensors, from grpc.aio clients (one channel each, the request serialized once), "
+            "a heavier client than the raw HTTP loop. MLServer 1.7.1 runs with its defaults but parallel_workers=0 "
+            "(its default, 1, does not start with today's uvloop: MLServer issue #2286) and host 127.0.0.1; its "
+            "custom model answers `output`, mean, var and std as /normalize does. Floors: `trivial` is an ASGI "
+            "app on normserve's uvicorn command line fed the same /normalize body, answering a constant; "
+            "`floor: grpcio` a minimal grpcio server (parse, torch layer_norm, answer). `normserve, tracing on` "
+            "exports a span per request over OTLP/HTTP to a receiver on loopback that answers 200.\n",
             _table(
                 ["server", "protocol", "shape", "concurrency", *LOAD_COLUMNS, "requests"],
                 (

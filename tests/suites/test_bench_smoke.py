@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # benchmarks/ lives beside app/ in the checkout, as scripts/bench.py finds it
 
 from benchmarks import suite  # noqa: E402
-from benchmarks.serving import HttpPlan  # noqa: E402
+from benchmarks.floors import GRPC_FLOOR  # noqa: E402
+from benchmarks.serving import TRACED, TRIVIAL, HttpPlan  # noqa: E402
 
 SECTION_HEADINGS = [
     "## Machine and versions",
@@ -20,6 +21,8 @@ SECTION_HEADINGS = [
     "## 1. In process: the floor",
     "### onnxruntime intra-op threads",
     "### Cost of the statistics outputs",
+    "### The encoder in process against torch's",
+    "### The floor of a V2 binary request",
     "## 2. Codec costs",
     "## 3. Over HTTP on 127.0.0.1",
     "## 4. /encode with dynamic batching off and on",
@@ -28,9 +31,10 @@ SECTION_HEADINGS = [
 
 
 def tiny(out_dir: Path) -> suite.Config:
-    """The quick run's code path on tiny shapes, 0.3 s per HTTP cell, the naive peer but no KServe."""
+    """The quick run's code path on tiny shapes, 0.3 s per HTTP cell, the naive peer and the floors; no KServe or
+    MLServer (their venvs take a minute or more to create: `--quick --with-kserve --with-mlserver` runs them)."""
     shapes = [(1, 8, 64), (2, 4, 32)]
-    plan = HttpPlan(shapes, [1, 2], 0.3, ["normserve", "naive"])
+    plan = HttpPlan(shapes, [1, 2], 0.3, ["normserve", TRACED, TRIVIAL, "naive"], skip=suite._floor_cell)
     return suite.Config(
         out_dir=out_dir,
         mode="quick",
@@ -43,6 +47,7 @@ def tiny(out_dir: Path) -> suite.Config:
         encode_seconds=0.3,
         memory_bytes=1 << 20,
         floor_shape=(2, 4, 32),
+        torch_encoder_shapes=[(1, 4, 128)],
         fidelity=False,  # scripts/fidelity.py has its own tests
         note="smoke test",
     )
@@ -87,6 +92,21 @@ def test_every_http_cell_answered_without_errors(
     cells = [r for r in report[1]["http"] if (r["server"], r["protocol"]) == (server, protocol)]
     assert len(cells) == 4  # 2 shapes x 2 concurrencies
     assert all(c["errors"] == 0 and c["requests"] > 0 for c in cells)
+
+
+@pytest.mark.parametrize(("server", "cells"), [(TRACED, 2), (TRIVIAL, 2), (GRPC_FLOOR, 2)])
+def test_the_floors_and_the_tracing_row_answered(report: tuple[Path, dict[str, Any]], server: str, cells: int) -> None:
+    rows = [r for r in report[1]["http"] if r["server"] == server]
+    assert len(rows) == cells and all(r["errors"] == 0 and r["requests"] > 0 for r in rows)
+    assert report[1]["binary_floor"]["p50_ms"] > 0
+    assert [tuple(r["shape"]) for r in report[1]["encoder_torch"]] == [(1, 4, 128)]
+
+
+def test_the_targets_table_has_a_floor_column(report: tuple[Path, dict[str, Any]]) -> None:
+    text = (report[0] / "benchmarks.md").read_text()
+    assert "| target | measured | multiple of its floor | verdict |" in text
+    assert "server CPU per request <= 6x the trivial ASGI app's" in text  # c=8 rows: "not measured" at c=2
+    assert "MLServer V2 JSON | not measured in this run" in text  # a peer left out says so, not a missing row
 
 
 def test_batching_and_memory_sections_measured_both_settings(report: tuple[Path, dict[str, Any]]) -> None:
