@@ -52,7 +52,7 @@ def test_every_commands_help_answers_without_the_extras(base_venv: Path, command
 
 def test_the_commands_overview_answers_without_the_extras(base_venv: Path) -> None:
     out = normserve(base_venv, "--help")
-    assert out.returncode == 0 and out.stdout.startswith("usage: normserve {export,serve,validate,bench}")
+    assert out.returncode == 0 and out.stdout.startswith("usage: normserve {export,serve,validate,models,bench}")
 
 
 @pytest.mark.parametrize(
