@@ -226,13 +226,21 @@ _OBJECT = {"content": {"application/json": {"schema": {"type": "object"}}}}
 V2_CONFIG: dict[str, Any] = {
     "responses": {200: {"description": "Triton's model configuration", **_OBJECT}, **_errors(400, 404, 503, v2=True)}
 }
+_STRING = {"type": "string"}
+_STATE = {"type": "string", "enum": ["READY", "UNAVAILABLE", "LOADING", "UNLOADING"]}
+_ROW: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "version", "state", "reason"],
+    "properties": {"name": _STRING, "version": _STRING, "state": _STATE, "reason": _STRING},
+}
+_INDEX = {"content": {"application/json": {"schema": {"type": "array", "items": _ROW}}}}
 _REPOSITORY_BODY = {
     "openapi_extra": {"requestBody": {"required": False, **_OBJECT, "description": '{"parameters": {...}}'}}
 }
 V2_REPOSITORY_INDEX: dict[str, Any] = {
     **_REPOSITORY_BODY,
     "responses": {
-        200: {"description": "[{name, version, state, reason}] of every version in the folder", **_OBJECT},
+        200: {"description": "every version in the folder and every one serving, with its state", **_INDEX},
         **_errors(400, 401, 403, v2=True),
     },
 }
