@@ -84,15 +84,17 @@ def condition_rows(x: np.ndarray, eps: float, eps_mode: str) -> ConditionedRows:
 def moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row's float64 mean and population variance, by the very operations of app.core.reference.layer_norm.
 
-    So the statistics that onnxruntime's answers report equal the NumPy backend's. A variance summed from the
-    kernel's centered float32 rows is off by about 1e-7 relative (their rounding), and an einsum that casts
-    them to float64 as it sums costs more than these four passes.
+    So the statistics that onnxruntime's answers report equal the NumPy backend's, bit for bit. A variance
+    summed from the kernel's centered float32 rows is off by about 1e-7 relative (their rounding), and an
+    einsum that casts them to float64 as it sums costs more than these four passes. `ndarray.mean` is
+    np.add.reduce and a division by the count, which this calls directly: 3 us less per call on small rows.
     """
+    D = x.shape[1]
     d = x.astype(np.float64)  # R,D
-    mean = d.mean(axis=1)  # R
+    mean = np.add.reduce(d, axis=1) / D  # R
     d -= mean[:, None]
     np.square(d, out=d)
-    return mean, d.mean(axis=1)
+    return mean, np.add.reduce(d, axis=1) / D
 
 
 def _scaled(x: np.ndarray, mean: np.ndarray, eps: float, eps_mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -132,6 +134,14 @@ def refine_rows(
         # |gamma * y| <= |out| + |beta| bounds what an uncorrected row is off by.
         moved = (out_max + b_max) * np.abs(ratio - 1.0) + g_max * np.abs(shift)  # R
     idx = np.flatnonzero(moved > REFINE_TOL * max(1.0, g_max))  # nan (an overflowed row) stays as it is
+    correct_rows(out, idx, ratio, shift, gamma, beta)
+
+
+def correct_rows(
+    out: np.ndarray, idx: np.ndarray, ratio: np.ndarray, shift: np.ndarray, gamma: np.ndarray, beta: np.ndarray
+) -> None:
+    """out[idx] = (out - beta) * ratio + gamma * shift + beta in float64, rounded once: the kernel's output with
+    its denominator and mean replaced by the float64 ones (ratio = its denominator / theirs, shift in units of y)."""
     if idx.size:
         g, b = gamma.astype(np.float64), beta.astype(np.float64)  # D each
         fixed = (out[idx] - b) * ratio[idx, None] + g * shift[idx, None] + b  # r,D float64

@@ -8,14 +8,16 @@ float64 math (spec section 1); the statistics are its float64 sums.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
 
 from app.core import reference
-from app.core.conditioning import condition_rows, refine_rows
+from app.core.conditioning import condition_rows, correct_rows, moments, refine_rows
 from app.core.dataplane import Fields, NormalizeInput, NormalizeOutput
+from app.core.kernels import FusedKernel, check_kernel
 from app.core.model import FLOAT, Loaded, Model, Signature, TensorSpec
 from app.core.repository import WEIGHTS_FILE
 from app.core.tensors import check_finite
@@ -61,6 +63,8 @@ class LayerNormModel(Model):
         if self.normalized_shape:
             with np.load(loaded.path.parent / WEIGHTS_FILE, allow_pickle=False) as npz:  # sha256: the runtime's
                 self.gamma, self.beta = (npz[k].astype(np.float32).reshape(self.normalized_shape) for k in STATE)
+        self.kernel = FusedKernel(loaded.session.get_session_options())  # the same threads as the model's session
+        self.kernel.session(self.eps)  # built at load, not by the first request
         trailing = self.normalized_shape or (-1,)
         batch = (-1,)
         self.inputs = (
@@ -150,6 +154,27 @@ class LayerNormModel(Model):
     def _run_rows(
         self, x2: np.ndarray, req: NormalizeInput, gamma: np.ndarray, beta: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The fused kernel on the raw rows; the conditioned graph redoes the rows it got wrong (kernels.py)."""
+        kernel = self.kernel.session(req.eps) if req.eps_mode == "var" else None
+        if kernel is None:  # mode std and eps beyond float32's normal range: every row on the exact path
+            return self.exact_rows(x2, req, gamma, beta)
+        mean, var = moments(x2)  # R, R: the statistics every backend reports
+        start = time.perf_counter()
+        outputs = kernel.run(None, {"input": x2, "gamma": gamma, "beta": beta})
+        self._observe(self.name, self.version, time.perf_counter() - start, len(x2))
+        g_max = 1.0 if req.gamma is None else float(np.abs(gamma).max())
+        b_max = 0.0 if req.beta is None else float(np.abs(beta).max())
+        check = check_kernel(mean, var, req.eps, outputs, g_max, b_max)
+        out = outputs[0]
+        correct_rows(out, check.refine, check.ratio, check.shift, gamma, beta)
+        if check.exact.size:
+            out[check.exact] = self.exact_rows(x2[check.exact], req, gamma, beta)[0]
+        return out, mean, var
+
+    def exact_rows(
+        self, x2: np.ndarray, req: NormalizeInput, gamma: np.ndarray, beta: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The model's graph on conditioned rows, refined: faithful for any eps, eps_mode and finite row."""
         rows = condition_rows(x2, req.eps, req.eps_mode)
         feeds = {"input": rows.x, "gamma": gamma, "beta": beta, "eps_var": rows.eps_var, "eps_std": rows.eps_std}
         with np.errstate(over="ignore"):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from app.core import reference
-from app.core.conditioning import REFINE_TOL, condition_rows, refine_rows
+from app.core.conditioning import REFINE_TOL, condition_rows, moments, refine_rows
 
 F32_MAX = float(np.finfo(np.float32).max)
 RNG = np.random.default_rng(3)
@@ -89,3 +89,14 @@ def test_one_outlier_in_12288_values_is_refined_to_within_the_bound(runtime: Any
     assert np.abs(out - ref).max() > bound  # the kernel alone misses the bound (by 20x with onnxruntime 1.31)
     refine_rows(rows, out, m, inv, g, b)
     assert np.abs(out - ref).max() <= bound
+
+
+@pytest.mark.parametrize("shape", [(1, 3), (8, 64), (341, 768), (2, 10_000)])
+@pytest.mark.parametrize("offset", [0.0, 1e4, -3e30])
+def test_moments_are_the_references_statistics_bit_for_bit(shape: tuple[int, int], offset: float) -> None:
+    """np.add.reduce and a division by the count are what ndarray.mean runs: the same float64 numbers."""
+    x = (offset + np.abs(offset or 1) * 1e-3 * RNG.standard_normal(shape)).astype(np.float32)
+    mean, var = moments(x)
+    ref = reference.layer_norm(x, 1)
+    np.testing.assert_array_equal(mean, ref.mean)
+    np.testing.assert_array_equal(var, ref.var)
