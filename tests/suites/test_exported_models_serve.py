@@ -6,19 +6,23 @@ checkpoints (tests/export/trained.py) and no hand-made manifest in between.
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from app.core import reference
 from app.core.dataplane import EncodeInput
 from app.core.encoder import EncoderModel
 from app.core.layernorm import LayerNormModel
 from app.core.reference import EncoderConfig
 from app.core.runtime import Runtime
+from app.core.seeds import SEED003
 from app.export.exporter import export_defaults, export_encoder, export_layernorm
 from app.settings import Settings
 from tests.export.trained import USER_ENCODERS, UserEncoder, layer_norm, save, torch_encode
+from tests.live_server import live_server
 
 ATOL = 1e-4
 SMALL_DEFAULTS = {"d_model": 16, "num_heads": 2, "d_ff": 32, "num_layers": 1, "max_sequence_length": 32}
@@ -83,3 +87,33 @@ def test_a_served_learned_layernorm_uses_its_gamma_beta_and_eps(served: tuple[Ru
     with torch.no_grad():
         expected = modules["my-layernorm"](torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(out.output, expected, atol=ATOL, rtol=0)
+
+
+def test_a_live_server_serves_them_beside_the_defaults(served: tuple[Runtime, dict[str, nn.Module]]) -> None:
+    """Over HTTP: each user encoder as torch's module and as the NumPy reference on its exported weights, the
+    learned LayerNorm as torch's, and the default layernorm still on seed 003's worked example."""
+    runtime, modules = served
+    with live_server({"NORMSERVE_MODEL_DIR": str(runtime.repository.root)}) as base:
+        for spec in USER_ENCODERS:
+            model = runtime.get(spec.id)
+            assert isinstance(model, EncoderModel)
+            x = np.random.default_rng(8).standard_normal((2, 6, model.config.d_model)).astype(np.float32)
+            mask = np.zeros((2, 6), dtype=bool)
+            mask[0, 3:] = True
+            body = {"model": spec.id, "data": x.tolist(), "padding_mask": mask.tolist()}
+            r = httpx.post(f"{base}/encode", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            out = np.asarray(r.json()["output"])
+            module = modules[spec.id]
+            assert isinstance(module, nn.TransformerEncoder)
+            np.testing.assert_allclose(out, torch_encode(module, x, mask), atol=ATOL, rtol=0)
+            ref, _ = reference.encoder(x, model.weights, model.config, mask)
+            np.testing.assert_allclose(out, ref, atol=ATOL, rtol=0)
+            assert r.json()["model"]["version"] == model.version
+        x = (3 * np.random.default_rng(9).standard_normal((3, 2, 8))).astype(np.float32)
+        r = httpx.post(f"{base}/normalize", json={"model": "my-layernorm", "data": x.tolist()}, timeout=60)
+        with torch.no_grad():
+            expected = modules["my-layernorm"](torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(np.asarray(r.json()["output"]), expected, atol=ATOL, rtol=0)
+        r = httpx.post(f"{base}/normalize", json={"data": SEED003.x, "normalized_shape": [3]}, timeout=60)
+        np.testing.assert_allclose(np.asarray(r.json()["output"]), SEED003.output, atol=ATOL, rtol=0)
