@@ -15,11 +15,13 @@ from app import __version__
 from app.server import logs, metrics, tracing
 from app.server.api import docs, errors, health, openapi, playground
 from app.server.api import metrics as metrics_api
+from app.server.api.direct import DirectRoute
 from app.server.api.grpc import server as grpc_server
 from app.server.api.rest import routes as rest
 from app.server.api.v2 import control, repository
 from app.server.api.v2 import routes as v2
 from app.server.connections import CloseUnreadBodies
+from app.server.hotpath import NormserveApp
 from app.server.observability import ObservabilityMiddleware
 from app.server.worker import Worker
 from app.settings import Settings
@@ -61,7 +63,7 @@ async def poll(worker: Worker, starting: asyncio.Task[None]) -> None:
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    app = FastAPI(
+    app = NormserveApp(
         title="normserve",
         version=__version__,
         summary="Layer normalization and a Transformer encoder, served over HTTP and the Open Inference Protocol.",
@@ -75,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(CloseUnreadBodies)  # an answer sent before its request's body ended closes the connection
     for router in (rest.router, health.router, v2.router, repository.router, control.router, metrics_api.router):
         app.include_router(router)
+    app.enable_hot_routes([r for r in (*rest.router.routes, *v2.router.routes) if isinstance(r, DirectRoute)])
     playground.install(app)  # GET / and /static
     docs.install(app)  # GET /docs and /docs/assets
     openapi.install(app)  # the protocol's schemas in /openapi.json

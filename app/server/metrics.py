@@ -126,6 +126,7 @@ GRPC_SECONDS = Histogram(
 # labels() takes a lock and hashes its arguments each call; the middleware calls it per request.
 _request_children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
 _grpc_children: dict[tuple[str, str, str, str], tuple[Counter, Histogram]] = {}
+_inference_children: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
 
 
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
@@ -152,9 +153,14 @@ def observe_grpc(service: str, method: str, model: str, code: str, seconds: floa
 def observe_inference(model: str, version: str, seconds: float, batch_size: int) -> None:
     """One onnxruntime run of a model version (Model.run calls it for every run, merged batches included).
 
-    The batch size is its rows, so a dynamically merged batch counts once with its merged size."""
-    INFERENCE_SECONDS.labels(model, version).observe(seconds)
-    BATCH_SIZE.labels(model, version).observe(batch_size)
+    The batch size is its rows, so a dynamically merged batch counts once with its merged size.
+    Cached children, as for the requests: two labels() calls were ~25 us of a small request (cProfile)."""
+    key = (model, version)
+    children = _inference_children.get(key)
+    if children is None:
+        children = _inference_children.setdefault(key, (INFERENCE_SECONDS.labels(*key), BATCH_SIZE.labels(*key)))
+    children[0].observe(seconds)
+    children[1].observe(batch_size)
 
 
 def record_model(

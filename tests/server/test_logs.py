@@ -6,6 +6,7 @@ What the per-request line holds is the middleware's (tests/server/test_observabi
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import logging.config
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 
 from app.server import logs
+from tests.server.log_records import captured
 from tests.server.logged_server import LoggedServer, logged_server
 from tests.server.model_dirs import broken_copy, not_ready_reason
 
@@ -142,6 +144,36 @@ def test_configure_twice_leaves_one_json_handler_on_stderr_and_turns_uvicorns_ac
         ("normserve.access", "request", "abc"),
         ("uvicorn.error", "Shutting down", None),
     ]
+
+
+@pytest.mark.usefixtures("restore_logging")
+@pytest.mark.parametrize("setup", ["configure", "dictConfig"])
+def test_the_access_line_written_directly_is_the_line_logging_writes(
+    setup: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if setup == "configure":
+        logs.configure("info")
+    else:
+        logging.config.dictConfig(logs.uvicorn_log_config("info"))
+    (handler,) = logging.getLogger("normserve").handlers
+    assert isinstance(handler, logging.StreamHandler)
+    stream = io.StringIO()
+    handler.setStream(stream)
+    monkeypatch.setattr(time, "time", lambda: 1_700_000_000.0421)  # the same instant for both lines
+    fields = {"request_id": "abc", "route": "/normalize", "status": 200, "model": None, "duration_ms": 0.25}
+    logs.access(fields)  # directly
+    logs.ACCESS.info("request", extra=fields)  # through logging
+    direct, through_logging = stream.getvalue().splitlines()
+    assert direct == through_logging
+    assert json.loads(direct)["ts"] == "2023-11-14T22:13:20.042Z"
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_an_added_handler_gets_the_access_line_as_a_record() -> None:
+    logs.configure("info")
+    with captured("normserve.access") as records:
+        logs.access({"request_id": "abc"})
+    assert [vars(r)["request_id"] for r in records] == ["abc"]
 
 
 @pytest.mark.usefixtures("restore_logging")

@@ -49,6 +49,8 @@ class DirectRoute(APIRoute):
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
         self.direct_endpoint = endpoint
         super().__init__(path, _openapi_view(endpoint), **kwargs)
+        # The request -> response function alone, for app/server/hotpath.py, which calls it outside any router.
+        self.direct_handler = self.get_route_handler()
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         endpoint = self.direct_endpoint

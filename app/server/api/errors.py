@@ -57,7 +57,7 @@ async def _http(request: Request, exc: Exception) -> Response:
     return json_response({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
 
-async def _unexpected(request: Request, exc: Exception) -> Response:
+async def unexpected(request: Request, exc: Exception) -> Response:
     # Never a traceback or an internal path to the client; the log has them.
     log.exception("unexpected error on %s %s", request.method, request.url.path)
     # Sent from outside the observability middleware (by Starlette's ServerErrorMiddleware): add the id here.
@@ -69,4 +69,4 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(NormserveError, _domain)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
-    app.add_exception_handler(Exception, _unexpected)
+    app.add_exception_handler(Exception, unexpected)
