@@ -7,18 +7,14 @@ that server tests need no export extra.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 
+from app.core.model import sha256_of
 from tests.live_server import MODELS
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def copy_models(target: Path, names: tuple[str, ...] = ("layernorm", "encoder", "encoder-preln")) -> Path:
@@ -52,7 +48,7 @@ def learned_layernorm(
         "name": name,
         "version": version,
         "config": {"normalized_shape": list(gamma.shape), "eps": eps},
-        "files": {f: sha256(folder / f) for f in ("model.onnx", "weights.npz")},
+        "files": {f: sha256_of(folder / f) for f in ("model.onnx", "weights.npz")},
     }
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return folder

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from app.core.conditioning import REFINE_TOL
+
 KERNEL_FILE = Path(__file__).with_name("layernorm_kernel.onnx")
 KERNEL_INPUTS = ("input", "gamma", "beta")
 KERNEL_OUTPUTS = ("output", "mean", "inv_std_dev", "out_max", "out_min")
@@ -88,8 +90,6 @@ def check_kernel(
     A row is off by at most (max|out| + max|beta|) |ratio - 1| + max|gamma| |shift| before refinement
     (|gamma * y| <= |out| + |beta|); refine_rows's REFINE_TOL decides which rows to correct.
     """
-    from app.core.conditioning import REFINE_TOL  # conditioning imports nothing of this module
-
     _, kernel_mean, kernel_inv, out_max, out_min = outputs
     den = np.sqrt(var + eps)  # R, float64, > 0
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):

@@ -14,7 +14,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from app.core.model import Model, ModelLoadError
-from app.core.repository import LegacyLayout, PolicyError, Repository
+from app.core.repository import LegacyLayout, Policy, PolicyError, Repository
 from app.core.runtime import LOADING, READY, UNAVAILABLE, Runtime, State
 from app.errors import ModelControlDisabled, ModelLoadFailed, ModelNotFound
 from app.server import metrics
@@ -68,12 +68,22 @@ class ModelControl:
     def build(self, name: str, reload: Collection[int] = ()) -> list[Model]:
         """Every version of a model that its policy selects and that does not serve yet (or is to be reloaded),
         built, not warmed up."""
-        folder = self.repository.folder(name)
-        self._stamps[name] = stamp(folder)
+        return self._build(name, *self._plan(name), reload)
+
+    def _plan(self, name: str) -> tuple[Policy, list[int]]:
+        """The model's policy and the versions it selects, highest first; the folder's stamp is taken first, so
+        that poll does not retry a model.json it could not read until the folder changes."""
+        self._stamps[name] = stamp(self.repository.folder(name))
         policy = self.repository.policy(name)
+        selected = policy.select(self.repository.versions(name))
+        if not selected:
+            raise ModelLoadError(f"{self.repository.folder(name)}: no version that its version_policy selects")
+        return policy, selected
+
+    def _build(self, name: str, policy: Policy, selected: list[int], reload: Collection[int]) -> list[Model]:
         serving = self.runtime.serving.get(name, {})
-        built = []
-        for version in policy.select(self.repository.versions(name)) or self._none_selected(name):
+        built: list[Model] = []
+        for version in selected:
             if version in serving and version not in reload:
                 continue
             self.runtime.states[name, version] = State(LOADING)
@@ -83,9 +93,6 @@ class ModelControl:
                 self._failed(name, version, e, built)
                 raise
         return built
-
-    def _none_selected(self, name: str) -> list[int]:
-        raise ModelLoadError(f"{self.repository.folder(name)}: no version that its version_policy selects")
 
     def warm_up(self, models: list[Model]) -> dict[tuple[str, str], tuple[float, float]]:
         """The parity warm-up of each built version, then it serves: (max abs diff, tolerance) by (name, version)."""
@@ -107,20 +114,16 @@ class ModelControl:
         A version in `reload` is built again though it serves; the new one replaces it once warmed up."""
         with self.runtime.lock:
             try:
-                models = self.build(name, reload)
+                policy, selected = self._plan(name)
+                models = self._build(name, policy, selected, reload)
                 self.warm_up(models)
             except ModelNotFound:
                 raise
             except LOAD_ERRORS as e:
                 raise ModelLoadFailed(f"failed to load model {name!r}: {e}") from None
-            selected = {int(m.version) for m in models} | self._selected_serving(name)
-            for version in sorted(set(self.runtime.serving.get(name, {})) - selected):
+            for version in sorted(set(self.runtime.serving.get(name, {})) - set(selected)):
                 self._retire(name, version, "not selected by the version_policy any more")
             return models
-
-    def _selected_serving(self, name: str) -> set[int]:
-        selected = set(self.repository.policy(name).select(self.repository.versions(name)))
-        return selected & set(self.runtime.serving.get(name, {}))
 
     def unload(self, name: str) -> list[int]:
         """Retire every version of a model: requests already holding one finish on it. The versions retired."""
@@ -139,18 +142,17 @@ class ModelControl:
             log.info("model %s: folder removed; unloading", name, extra={"model": name})
             self.unload(name)
         for name in sorted(on_disk):
-            if self._stamps.get(name) == stamp(self.repository.root / name):
+            now = stamp(self.repository.root / name)
+            if self._stamps.get(name) == now:
                 continue  # unchanged since it was loaded, or since its load failed
             try:
-                self.load(name, reload=self._changed_serving(name))
+                self.load(name, reload=self._changed_serving(name, now))
             except (ModelLoadFailed, ModelNotFound) as e:
                 log.error("poll: %s", e, extra={"model": name})
 
-    def _changed_serving(self, name: str) -> list[int]:
+    def _changed_serving(self, name: str, now: Stamp) -> list[int]:
         """Serving versions whose files changed in place: reloaded, as Triton's poll mode does."""
-        before = {f for f in self._stamps.get(name, ())}
-        now = set(stamp(self.repository.root / name))
-        changed = {f[0].split("/")[0] for f in before ^ now}
+        changed = {f[0].split("/")[0] for f in set(self._stamps.get(name, ())) ^ set(now)}
         return [v for v in self.runtime.serving.get(name, {}) if str(v) in changed]
 
     def index(self) -> list[dict[str, str]]:

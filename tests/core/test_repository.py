@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from app.core.model import sha256_of
 from app.core.repository import (
     FORMAT_VERSION,
     LegacyLayout,
@@ -22,7 +23,7 @@ from app.core.repository import (
 )
 from app.errors import InvalidInput, ModelNotFound
 from tests.live_server import MODELS
-from tests.repositories import add_version, copy_models, sha256
+from tests.repositories import add_version, copy_models
 
 
 @pytest.mark.parametrize("name", ["layernorm", "my-encoder", "a", "A.b_c-9", "x" * 64, "1st"])
@@ -202,5 +203,5 @@ def test_migrate_moves_every_model_into_version_1_with_its_sha256s(tmp_path: Pat
     repo.check_layout()
     for name in ("encoder", "layernorm"):
         manifest = repo.manifest(name, 1)
-        assert manifest["files"] == {f: sha256(root / name / "1" / f) for f in manifest["files"]}
+        assert manifest["files"] == {f: sha256_of(root / name / "1" / f) for f in manifest["files"]}
         assert manifest["files"] == json.loads((MODELS / name / "1/manifest.json").read_text())["files"]

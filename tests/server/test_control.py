@@ -13,12 +13,12 @@ import pytest
 
 from app.core import reference
 from app.core.dataplane import EncodeInput, NormalizeInput
-from app.core.model import ModelLoadError
+from app.core.model import ModelLoadError, sha256_of
 from app.core.runtime import Runtime
 from app.errors import ModelControlDisabled, ModelLoadFailed, ModelNotFound
 from app.server.control import ModelControl
 from app.settings import Settings
-from tests.repositories import add_version, copy_models, sha256
+from tests.repositories import add_version, copy_models
 
 
 def _control(root: Path, **settings: Any) -> ModelControl:
@@ -66,7 +66,7 @@ def test_a_failed_load_changes_nothing_that_serves_and_says_why(root: Path) -> N
     control.load("layernorm")
     path = _tamper(add_version(root, "layernorm", 2))
     expected = json.loads((root / "layernorm/2/manifest.json").read_text())["files"]["model.onnx"]
-    reason = f"{path}: sha256 {sha256(path)} does not match the manifest's {expected}"
+    reason = f"{path}: sha256 {sha256_of(path)} does not match the manifest's {expected}"
     with pytest.raises(ModelLoadFailed) as e:
         control.load("layernorm")
     assert str(e.value) == f"failed to load model 'layernorm': {reason}"

@@ -32,13 +32,8 @@ async def normalize(request: Request, worker: Worker) -> Response:
     timer = InferTimer()
 
     def decode() -> tuple[Model, NormalizeInput, None]:
-        model, req = codec.decode_normalize(held.pop(), worker.settings, resolve)
+        model, req = codec.decode_normalize(held.pop(), worker.settings, _resolver(worker, timer))
         return model, req, None
-
-    def resolve(name: str, version: int | str | None) -> Model:
-        model = worker.model(name, version)
-        timer.model = (model.name, model.version)  # a request that fails to decode counts as its failure
-        return model
 
     def encode(_: None, out: NormalizeOutput) -> bytes:
         if out.model is not None:
@@ -61,15 +56,22 @@ async def encode(request: Request, worker: Worker) -> Response:
     del body
     timer = InferTimer()
 
+    def decode() -> tuple[Model, EncodeInput, bool]:
+        # bool: answer [seq, d_model] without batch
+        return codec.decode_encode(held.pop(), worker.settings, _resolver(worker, timer))
+
+    job = staged(timer, decode, codec.encode_encode)
+    payload = await worker.infer(timer, job, inline=inline)
+    return Response(payload, media_type="application/json")
+
+
+def _resolver(worker: Worker, timer: InferTimer) -> codec.Resolve:
+    """The serving model a body names (`model`, `version`); the request, even one that then fails to decode,
+    counts in that model's statistics."""
+
     def resolve(name: str, version: int | str | None) -> Model:
         model = worker.model(name, version)
         timer.model = (model.name, model.version)
         return model
 
-    def decode() -> tuple[Model, EncodeInput, bool]:
-        # bool: answer [seq, d_model] without batch
-        return codec.decode_encode(held.pop(), worker.settings, resolve)
-
-    job = staged(timer, decode, codec.encode_encode)
-    payload = await worker.infer(timer, job, inline=inline)
-    return Response(payload, media_type="application/json")
+    return resolve
