@@ -41,6 +41,7 @@ import httpx
 import numpy as np
 import pytest
 
+from app.cli.main import COMMANDS
 from app.settings import Settings
 from benchmarks.servers import free_port
 from tests.live_server import ROOT, cli_server, server_env
@@ -682,6 +683,16 @@ def test_the_readme_encodes_the_openapi_example(doc_server: DocServer) -> None:
         if np.asarray(example["value"]["data"]).ndim == 3
     ]
     assert {"data": body["data"], "padding_mask": body["padding_mask"]} in unbatched, examples
+
+
+def test_the_readmes_cli_table_has_a_row_for_every_command() -> None:
+    """README's CLI table against the commands `normserve` dispatches (app/cli/main.py's COMMANDS)."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| command | what it does |") :].split("\n\n", 1)[0]
+    rows = set(re.findall(r"^\| `normserve (\w+)", table, re.MULTILINE))
+    assert rows == set(COMMANDS), (
+        f"commands without a row: {set(COMMANDS) - rows}; rows of no command: {rows - set(COMMANDS)}"
+    )
 
 
 def test_the_settings_in_api_md_are_real_with_their_defaults() -> None:
