@@ -44,6 +44,7 @@ import pytest
 from app.cli.main import COMMANDS
 from app.settings import Settings
 from benchmarks.servers import free_port
+from tests.grpc_loadgen import RETRY
 from tests.live_server import ROOT, cli_server, server_env
 
 DOC_FILES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
@@ -693,6 +694,13 @@ def test_the_readmes_cli_table_has_a_row_for_every_command() -> None:
     assert rows == set(COMMANDS), (
         f"commands without a row: {set(COMMANDS) - rows}; rows of no command: {rows - set(COMMANDS)}"
     )
+
+
+def test_the_readmes_grpc_retry_policy_is_the_failover_tests() -> None:
+    """README's Scale-out spells out RETRY, so that a reader need not open tests/grpc_loadgen.py."""
+    shown = re.search(r"where `RETRY` is the JSON\n`(.*?)`\n", (ROOT / "README.md").read_text(), re.DOTALL)
+    assert shown is not None, "README's Scale-out no longer spells out RETRY"
+    assert json.loads(shown.group(1).replace("\n", " ")) == json.loads(RETRY)
 
 
 def test_the_settings_in_api_md_are_real_with_their_defaults() -> None:
