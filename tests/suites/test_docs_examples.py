@@ -5,7 +5,8 @@ What counts as an example (one test case each, id = file:line):
 - a ```sh block's `$ ` command, with its `\\` continuation lines; the lines after it, up to the next `$ `, are
   its output (none: it prints nothing). A ```sh block without `$ ` holds commands shown without output.
 - a ```python block: a `>>> ` session (run as doctest runs a file: the file's earlier sessions first, in one
-  namespace), a script (its output is the ```text block right after it, if there is one), or code quoted
+  namespace), a script (its output is the ```text block right after it, if there is one; run by the python of
+  the serve install, `pip install -e .` in a fresh venv, as a reader of the README has it), or code quoted
   from a file of the repository (QUOTED: every line of it is in that file, in order).
 - a ```json block right after a command shown without output: the log line the server writes for that command.
 
@@ -41,8 +42,10 @@ import httpx
 import numpy as np
 import pytest
 
+from app.cli.main import COMMANDS
 from app.settings import Settings
 from benchmarks.servers import free_port
+from tests.grpc_loadgen import RETRY
 from tests.live_server import ROOT, cli_server, server_env
 
 DOC_FILES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
@@ -504,9 +507,13 @@ def run_session(example: Example) -> None:
                     assert_text_matches(statement.want, out.getvalue())
 
 
-def run_script(example: Example, server: DocServer) -> str:
+def run_script(example: Example, server: DocServer, venv: Path) -> str:
+    """The script as a user runs it: with the python of the serve install that the README gives (`pip install -e .`,
+    no extras; the base_venv fixture), so that what it imports (tritonclient.http and .grpc, NumPy) must come with
+    that install, not with this test venv's extras. The docs give no other install line for a script."""
     code = server.to_server(example.code)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    proc = subprocess.run([python, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"exit status {proc.returncode}\nstderr: {proc.stderr[-3000:]}"
     return server.to_docs(proc.stdout)
 
@@ -555,7 +562,7 @@ def test_example_runs_as_written(example: Example, request: pytest.FixtureReques
     if example.kind == "log":
         check_log(example, server)
     elif example.kind == "script":
-        out = run_script(example, server)
+        out = run_script(example, server, request.getfixturevalue("base_venv"))
         if example.shown is not None:
             assert_text_matches(example.shown, out)
     else:
@@ -685,6 +692,23 @@ def test_the_readme_encodes_the_openapi_example(doc_server: DocServer) -> None:
         if np.asarray(example["value"]["data"]).ndim == 3
     ]
     assert {"data": body["data"], "padding_mask": body["padding_mask"]} in unbatched, examples
+
+
+def test_the_readmes_cli_table_has_a_row_for_every_command() -> None:
+    """README's CLI table against the commands `normserve` dispatches (app/cli/main.py's COMMANDS)."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| command | what it does |") :].split("\n\n", 1)[0]
+    rows = set(re.findall(r"^\| `normserve (\w+)", table, re.MULTILINE))
+    assert rows == set(COMMANDS), (
+        f"commands without a row: {set(COMMANDS) - rows}; rows of no command: {rows - set(COMMANDS)}"
+    )
+
+
+def test_the_readmes_grpc_retry_policy_is_the_failover_tests() -> None:
+    """README's Scale-out spells out RETRY, so that a reader need not open tests/grpc_loadgen.py."""
+    shown = re.search(r"where `RETRY` is the JSON\n`(.*?)`\n", (ROOT / "README.md").read_text(), re.DOTALL)
+    assert shown is not None, "README's Scale-out no longer spells out RETRY"
+    assert json.loads(shown.group(1).replace("\n", " ")) == json.loads(RETRY)
 
 
 def test_the_settings_in_api_md_are_real_with_their_defaults() -> None:
