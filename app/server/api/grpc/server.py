@@ -9,8 +9,8 @@ too, so give each deployment its own port (the tests take a free port per server
 Handlers are registered from the service descriptors that tritonclient's generated modules carry,
 so every RPC of `inference.GRPCInferenceService` is routed: the implemented ones to
 app/server/api/grpc/service.py (trace and log settings: control.py; shared memory: UNIMPLEMENTED naming the
-extension), any other to UNIMPLEMENTED. Server reflection (grpc.reflection.v1alpha and v1) lists both services,
-so that `grpcurl list` and `grpcurl describe` work without the .proto files.
+extension), any other to UNIMPLEMENTED. Server reflection (grpc.reflection.v1alpha, the one grpcio-reflection has)
+describes both services, so that `grpcurl list` and `grpcurl describe` work without the .proto files.
 ModelInfer and ModelStreamInfer get wire.py's serializers, which append raw outputs without copies.
 Messages larger than NORMSERVE_MAX_BODY_BYTES, also after decompression, are refused by grpc itself
 with RESOURCE_EXHAUSTED before any handler runs.
