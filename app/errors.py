@@ -11,6 +11,7 @@
     ├── Unauthorized                     admin route without the bearer token   401
     ├── Forbidden                        admin route with a wrong token     403
     ├── ModelLoadFailed                  a load through the repository API failed   400
+    ├── ExtensionNotSupported            a Triton extension normserve has not (shared memory)   400, gRPC UNIMPLEMENTED
     ├── Overloaded                       over max_in_flight                 503 + Retry-After
     ├── NotReady                         models not verified, or draining   503 + Retry-After
     └── Timeout (TimeoutError)           past request_timeout_s             504
@@ -73,6 +74,20 @@ class ModelLoadFailed(NormserveError):
     """A model version that failed to load (sha256, session, parity): what serves stays as it was."""
 
 
+class ExtensionNotSupported(NormserveError):
+    """A route or RPC of a Triton extension normserve does not implement: the message names the extension.
+
+    HTTP answers 400, as Triton answers a request it cannot serve; gRPC has a code of its own for it, UNIMPLEMENTED
+    (app/server/api/grpc/calls.py)."""
+
+    def __init__(self, extension: str) -> None:
+        super().__init__(
+            f"the {extension} extension is not supported: normserve reads every tensor from the request itself "
+            "(binary data over HTTP, raw_input_contents over gRPC)"
+        )
+        self.extension = extension
+
+
 class Overloaded(NormserveError):
     """More requests in flight than the worker allows."""
 
@@ -97,6 +112,7 @@ _STATUS: dict[type[NormserveError], tuple[int, int]] = {
     Unauthorized: (401, 401),
     Forbidden: (403, 403),
     ModelLoadFailed: (400, 400),
+    ExtensionNotSupported: (400, 400),
     Overloaded: (503, 503),
     NotReady: (503, 503),
     Timeout: (504, 504),

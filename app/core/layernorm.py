@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 import numpy as np
@@ -52,6 +53,7 @@ class LayerNormModel(Model):
 
     kind = "layernorm"
     parameters = ("eps", "eps_mode", "normalized_ndim")
+    numbers = MappingProxyType({"eps": float, "normalized_ndim": int})
 
     def __init__(self, loaded: Loaded) -> None:
         super().__init__(loaded)
@@ -161,7 +163,7 @@ class LayerNormModel(Model):
         mean, var = moments(x2)  # R, R: the statistics every backend reports
         start = time.perf_counter()
         outputs = kernel.run(None, {"input": x2, "gamma": gamma, "beta": beta})
-        self._observe(self.name, self.version, time.perf_counter() - start, len(x2))
+        self._observe(self.name, self.version, time.perf_counter() - start, len(x2), self.warming)
         g_max = 1.0 if req.gamma is None else float(np.abs(gamma).max())
         b_max = 0.0 if req.beta is None else float(np.abs(beta).max())
         check = check_kernel(mean, var, req.eps, outputs, g_max, b_max)

@@ -27,8 +27,8 @@ from app.settings import Settings
 
 # (name, shape) in graph order; a str dim is a named dynamic axis, an int a fixed size.
 Signature = list[tuple[str, list[str | int]]]
-# Told of every onnxruntime run: (model, version, seconds, rows in the batch).
-RunObserver = Callable[[str, str, float, int], None]
+# Told of every onnxruntime run: (model, version, seconds, rows in the batch, whether it is the load's warm-up).
+RunObserver = Callable[[str, str, float, int, bool], None]
 FLOAT = ("FP32", "FP64")  # accepted for float inputs; FP64 is cast once to float32
 PLATFORM = "onnxruntime_onnx"
 
@@ -99,6 +99,7 @@ class Model(ABC):
     inputs: tuple[TensorSpec, ...]  # the V2 view, built once at load
     outputs: tuple[TensorSpec, ...]
     parameters: ClassVar[tuple[str, ...]] = ()  # V2 request parameters the model reads
+    numbers: ClassVar[Mapping[str, type[int] | type[float]]] = {}  # those of them that are numbers, and which kind
 
     def __init__(self, loaded: Loaded) -> None:
         entry = loaded.entry
@@ -108,6 +109,7 @@ class Model(ABC):
         self.session = loaded.session
         self.parity: dict[str, Any] = dict(entry.get("parity", {}))
         self.load_seconds = 0.0
+        self.warming = False  # while the runtime runs its parity warm-up: no client's runs (Triton's statistics)
         self.version_policy = loaded.policy.version_policy if loaded.policy is not None else None
         self._observe = loaded.observe
 
@@ -127,7 +129,7 @@ class Model(ABC):
         """One onnxruntime run, merged batches included: each is observed (metrics, Triton's execution count)."""
         start = time.perf_counter()
         result: list[np.ndarray] = self.session.run(outputs, dict(feeds))
-        self._observe(self.name, self.version, time.perf_counter() - start, len(feeds["input"]))
+        self._observe(self.name, self.version, time.perf_counter() - start, len(feeds["input"]), self.warming)
         return result
 
     @functools.cached_property

@@ -48,7 +48,7 @@ def session_options(settings: Settings) -> ort.SessionOptions:
     return opts
 
 
-def _ignore(_model: str, _version: str, _seconds: float, _rows: int) -> None:
+def _ignore(_model: str, _version: str, _seconds: float, _rows: int, _warm_up: bool) -> None:
     """The observer of a runtime nobody watches (benchmarks, tests)."""
 
 
@@ -112,7 +112,11 @@ class Runtime:
     @staticmethod
     def warm_up(model: Model) -> tuple[float, float]:
         """The model on fixed inputs against the NumPy reference: (max abs diff, tolerance); ModelLoadError past it."""
-        diff, atol = model.warm_up()
+        model.warming = True  # its runs are told to the observer as the warm-up's, whether at start or on a load
+        try:
+            diff, atol = model.warm_up()
+        finally:
+            model.warming = False
         if not diff <= atol:
             raise ModelLoadError(f"{model.path}: parity warm-up failed, max abs diff {diff:.3g} > {atol:.3g}")
         return diff, atol

@@ -94,10 +94,10 @@ class Worker:
             return model.metadata
         return {**model.metadata, "versions": [str(v) for v in sorted(self.runtime.serving.get(model.name, {}))]}
 
-    def _observe_run(self, model: str, version: str, seconds: float, rows: int) -> None:
+    def _observe_run(self, model: str, version: str, seconds: float, rows: int, warm_up: bool) -> None:
         metrics.observe_inference(model, version, seconds, rows)
-        if self.admission.ready:  # the warm-up's runs are no client's executions
-            self.statistics.record_execution(model, version, rows, int(seconds * 1e9))
+        if not warm_up:  # the warm-up's runs, at start or on a load through the API, are no client's executions
+            self.statistics.record_execution(model, version, int(seconds * 1e9))
 
     async def infer(
         self, timer: InferTimer, fn: Callable[[], T], inline: bool = False, deadline_s: float | None = None

@@ -24,7 +24,7 @@ from app.settings import Settings
 from tests.live_server import MODELS
 from tests.repositories import sha256sum_identity
 
-Run = tuple[str, str, float, int]
+Run = tuple[str, str, float, int, bool]
 
 
 def _entry(name: str) -> dict[str, Any]:
@@ -155,15 +155,15 @@ def test_metadata_is_built_once_and_reports_the_kinds_tensors() -> None:
 
 
 @pytest.mark.parametrize(("rows", "cols"), [(1, 8), (3, 5), (40, 2)])
-def test_run_tells_the_observer_name_version_seconds_and_rows(rows: int, cols: int) -> None:
+def test_run_tells_the_observer_name_version_seconds_rows_and_no_warm_up(rows: int, cols: int) -> None:
     runs: list[Run] = []
     model = _layernorm({**_entry("layernorm"), "version": "7"}, runs)
     start = time.perf_counter()
     out, mean = model.run(_rows(rows, cols), ["output", "mean"])
     elapsed = time.perf_counter() - start
     assert (out.shape, mean.shape) == ((rows, cols), (rows, 1))
-    [(name, version, seconds, observed_rows)] = runs
-    assert (name, version, observed_rows) == ("layernorm", "7", rows)
+    [(name, version, seconds, observed_rows, warm_up)] = runs
+    assert (name, version, observed_rows, warm_up) == ("layernorm", "7", rows, False)
     assert 0 < seconds <= elapsed
 
 
@@ -181,8 +181,18 @@ def test_a_runtime_observer_is_told_of_each_encoder_run_with_its_batch() -> None
     assert isinstance(model, EncoderModel)
     x = np.zeros((3, 5, model.config.d_model), np.float32)
     model.run({"input": x, "padding_mask": np.zeros((3, 5), bool)}, ["output"])
-    [(name, version, seconds, rows)] = runs
-    assert (name, version, rows) == ("encoder-preln", "1", 3) and seconds > 0
+    [(name, version, seconds, rows, warm_up)] = runs
+    assert (name, version, rows, warm_up) == ("encoder-preln", "1", 3, False) and seconds > 0
+
+
+@pytest.mark.parametrize("name", ["layernorm", "encoder"])
+def test_the_runtimes_warm_up_tells_the_observer_each_run_is_the_warm_ups(name: str) -> None:
+    runs: list[Run] = []
+    runtime = Runtime(Settings(model_dir=MODELS, batch_max_size=1), observe=lambda *run: runs.append(run))
+    model = runtime.build(name, 1)
+    runtime.warm_up(model)
+    assert runs and all(run[4] for run in runs)
+    assert model.warming is False  # what runs next is a client's
 
 
 @pytest.mark.parametrize(

@@ -53,7 +53,7 @@ DOC_ADDRESS = "127.0.0.1:8000"  # where the docs' server listens; replaced by th
 DOC_GRPC_ADDRESS = "127.0.0.1:8001"  # where its gRPC listens (NORMSERVE_GRPC_PORT); replaced likewise
 ELISION = "…"
 SHELL = ("sh", "bash", "console", "shell")
-RUNNABLE = ("curl", "normserve")  # the programs a command may start here
+RUNNABLE = ("curl", "normserve", "grpcurl")  # the programs a command may start here (grpcurl: this venv's)
 VENV_BIN = Path(sys.executable).parent
 NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 # onnxruntime picks its float32 kernels by CPU (AVX2 or AVX-512, Intel or AMD), so the last digits of what the
@@ -82,6 +82,19 @@ SKIPPED: dict[tuple[str, str], str] = {
         "README.md",
         "kubectl port-forward svc/normserve 8000:80 &  # then: curl -s 127.0.0.1:8000/v2/health/ready",
     ): "needs a Kubernetes cluster running the Deployment above",
+    **{
+        ("docs/api.md", command): "perf_analyzer 2.60's wheels need glibc 2.38 and this Debian 12 has 2.36; "
+        "tests/suites/test_perf_analyzer.py sends the data each command sends, as perf_analyzer would"
+        for command in (
+            "perf_analyzer -m layernorm -u 127.0.0.1:8000 --shape input:8,64 --shape gamma:64 --shape beta:64 "
+            "--input-data zero",
+            "perf_analyzer -m layernorm -i grpc -u 127.0.0.1:8001 --shape input:8,64 --shape gamma:64 "
+            "--shape beta:64 --input-data zero",
+            "perf_analyzer -m encoder -u 127.0.0.1:8000 --shape input:4,16,128 --shape padding_mask:4,16 "
+            "--input-data zero",
+            "perf_analyzer -m layernorm -u 127.0.0.1:8000 --input-data docs/perf_analyzer/layernorm.json",
+        )
+    },
 }
 # README's walkthrough of a user's model: a second server in explicit mode "in another terminal", and exports
 # that write into a repository of the user's; tests/cli/test_models.py and tests/suites/test_rollout.py run it.

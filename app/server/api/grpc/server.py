@@ -8,7 +8,9 @@ too, so give each deployment its own port (the tests take a free port per server
 
 Handlers are registered from the service descriptors that tritonclient's generated modules carry,
 so every RPC of `inference.GRPCInferenceService` is routed: the implemented ones to
-app/server/api/grpc/service.py (trace and log settings: control.py), the others (shared memory) to UNIMPLEMENTED.
+app/server/api/grpc/service.py (trace and log settings: control.py; shared memory: UNIMPLEMENTED naming the
+extension), any other to UNIMPLEMENTED. Server reflection (grpc.reflection.v1alpha, the one grpcio-reflection has)
+describes both services, so that `grpcurl list` and `grpcurl describe` work without the .proto files.
 ModelInfer and ModelStreamInfer get wire.py's serializers, which append raw outputs without copies.
 Messages larger than NORMSERVE_MAX_BODY_BYTES, also after decompression, are refused by grpc itself
 with RESOURCE_EXHAUSTED before any handler runs.
@@ -25,6 +27,7 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection
 from tritonclient.grpc import service_pb2 as pb
 
 from app.server.api.grpc import calls, health, service, wire
@@ -90,6 +93,8 @@ def build(worker: Worker) -> tuple[grpc.aio.Server, service.InferenceService, he
     _register(server, inference_service.full_name, handlers(inference_service, pb, inference))
     health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
     _register(server, health_service.full_name, handlers(health_service, health_pb2, checks))
+    names = (inference_service.full_name, health_service.full_name, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)  # the descriptors of tritonclient's and grpc's modules
     return server, inference, checks
 
 
