@@ -20,7 +20,7 @@ import multiprocessing
 import os
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO
 
@@ -44,6 +44,11 @@ def server_pid() -> int:
     """The pid of the server this process is a worker of: the parent that spawned it, or itself."""
     parent = multiprocessing.parent_process()
     return parent.pid if parent is not None and parent.pid is not None else os.getpid()
+
+
+def one_of_several() -> bool:
+    """Whether this process was spawned as one of a server's workers (uvicorn --workers N, `normserve serve`)."""
+    return multiprocessing.parent_process() is not None
 
 
 def server_id() -> str:
@@ -74,7 +79,8 @@ def reap_shared_dirs() -> list[Path]:
         if pid.isdigit() and _started(int(pid)) != started:
             for path in folder.iterdir():
                 path.unlink(missing_ok=True)
-            folder.rmdir()
+            with suppress(OSError):  # another worker reaping it at the same moment
+                folder.rmdir()
             gone.append(folder)
     return gone
 
