@@ -31,7 +31,7 @@ class PortTaken(RuntimeError):
     """The gRPC port belongs to another server (or cannot be claimed): the message names the port and the settings."""
 
 
-def _started(pid: int) -> str:
+def started_at(pid: int) -> str:
     """The process's start time in clock ticks since boot (/proc/PID/stat, field 22): a pid reused later differs."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -54,7 +54,7 @@ def one_of_several() -> bool:
 def server_id() -> str:
     """This server's identity, the same in all of its workers: its parent's pid and start time."""
     pid = server_pid()
-    return f"{pid}-{_started(pid)}"
+    return f"{pid}-{started_at(pid)}"
 
 
 def runtime_dir() -> Path:
@@ -76,7 +76,7 @@ def reap_shared_dirs() -> list[Path]:
     gone = []
     for folder in runtime_dir().glob("server-*-*"):
         pid, started = folder.name.removeprefix("server-").split("-", 1)
-        if pid.isdigit() and _started(int(pid)) != started:
+        if pid.isdigit() and started_at(int(pid)) != started:
             for path in folder.iterdir():
                 path.unlink(missing_ok=True)
             with suppress(OSError):  # another worker reaping it at the same moment

@@ -90,6 +90,11 @@ class ModelSync:
             self._publish_and_wait(name)
             return result
 
+    def published(self) -> dict[str, list[int]] | None:
+        """The versions each model serves in the server's current generation; None before any load or unload."""
+        doc = _read(self.folder / STATE)
+        return None if doc is None else dict(doc["serving"])
+
     def started(self, failed: bool = False) -> None:
         """After the start-up models: the current generation applied, then acknowledged; before ready."""
         if failed:

@@ -50,7 +50,11 @@ class Worker:
         self.drain = Drain(self.admission, settings.drain_timeout_s)
 
     def load(self) -> list[Model]:
-        """sha256 checks and sessions of every model loaded at start (ModelLoadError names the file)."""
+        """sha256 checks and sessions of every model loaded at start (ModelLoadError names the file): those of
+        NORMSERVE_STARTUP_MODELS, or what the server's other workers serve once a load or unload has changed it."""
+        published = None if self.sync is None else self.sync.published()
+        if published is not None:  # a worker started after loads and unloads: what the others serve
+            return [m for name, versions in published.items() for m in self.control.build_exactly(name, versions)]
         return [m for name in self.control.startup_names() for m in self.control.build(name)]
 
     def warm_up(self, models: list[Model]) -> dict[tuple[str, str], tuple[float, float]]:

@@ -33,14 +33,14 @@ from tests.cli.normserve import NORMSERVE
 from tests.grpc_loadgen import INFER, request
 from tests.live_server import cli_server
 from tests.repositories import copy_models
-from tests.suites.test_rollout import NAME, SHAPE, TOKEN, Answer, Load, _policy, _weights, _write_version
+from tests.server.test_modelsync import AUTH, TOKEN, all_started, index, versions
+from tests.suites.test_rollout import NAME, SHAPE, Answer, Load, _policy, _weights, _write_version
 
 pytestmark = pytest.mark.slow
 
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 CLIENTS = 8  # half over HTTP, half over gRPC
+TAIL_S = 3.0  # of load after the last step
 RECONNECT = 10  # requests per connection: a new connection may land on any worker
-PROBES = 24  # new connections per check that every worker sees the same
 
 
 def _judge(x: np.ndarray, version: str, output: np.ndarray) -> str | None:
@@ -51,9 +51,9 @@ def _judge(x: np.ndarray, version: str, output: np.ndarray) -> str | None:
     return None if diff <= atol else f"version {version}: max abs diff {diff:.3g} > {atol:.3g}"
 
 
-async def _http_client(base: str, seed: int, deadline: float, load: Load) -> None:
+async def _http_client(base: str, seed: int, done: asyncio.Event, load: Load) -> None:
     rng = np.random.default_rng(seed)
-    while time.monotonic() < deadline:
+    while not done.is_set():
         async with httpx.AsyncClient(base_url=base, timeout=30) as client:
             for _ in range(RECONNECT):
                 x = (rng.standard_normal(SHAPE) * 3 + 10).astype(np.float32)
@@ -66,9 +66,9 @@ async def _http_client(base: str, seed: int, deadline: float, load: Load) -> Non
                 load.answers.append(Answer(sent, time.monotonic(), r.status_code, version, problem))
 
 
-async def _grpc_client(address: str, seed: int, deadline: float, load: Load) -> None:
+async def _grpc_client(address: str, seed: int, done: asyncio.Event, load: Load) -> None:
     rng = np.random.default_rng(seed)
-    while time.monotonic() < deadline:
+    while not done.is_set():
         async with grpc.aio.insecure_channel(address) as channel:
             call = channel.unary_unary(INFER, response_deserializer=pb.ModelInferResponse.FromString)
             for _ in range(RECONNECT):
@@ -108,24 +108,11 @@ class Admin:
             client.close()
         return 200, ""
 
-    async def everywhere(self, method: str, path: str) -> set[tuple[int, str]]:
-        """The distinct answers of PROBES requests, each on a new connection."""
-        seen = set()
-        for _ in range(PROBES):
-            async with httpx.AsyncClient(base_url=self.base, timeout=30, headers=AUTH) as client:
-                r = await client.request(method, path)
-                seen.add((r.status_code, r.text))
-        return seen
+    async def versions(self, name: str) -> set[tuple[int, tuple[str, ...]]]:
+        return await asyncio.to_thread(versions, self.base, name)
 
-    async def versions(self, name: str) -> set[Any]:
-        answers = await self.everywhere("GET", f"/v2/models/{name}")
-        return {(s, tuple(json.loads(t).get("versions", ()))) for s, t in answers}
-
-
-def _index(answers: set[tuple[int, str]]) -> list[tuple[str, str, str]]:
-    (status, text), *others = answers
-    assert others == [] and status == 200, f"the index differs between workers: {answers}"
-    return [(e["name"], e["version"], e["state"]) for e in json.loads(text)]
+    async def index(self) -> list[tuple[str, str, str, str]]:
+        return await asyncio.to_thread(index, self.base)
 
 
 async def _roll_out(repository: Path, admin: Admin) -> dict[str, float]:
@@ -136,10 +123,10 @@ async def _roll_out(repository: Path, admin: Admin) -> dict[str, float]:
     assert await admin.control("load", NAME) == (200, "")
     moments["v2 ready"] = time.monotonic()
     assert await admin.versions(NAME) == {(200, ("1", "2"))}
-    assert _index(await admin.everywhere("POST", "/v2/repository/index")) == [
-        ("layernorm", "1", "READY"),
-        (NAME, "1", "READY"),
-        (NAME, "2", "READY"),
+    assert await admin.index() == [
+        ("layernorm", "1", "READY", ""),
+        (NAME, "1", "READY", ""),
+        (NAME, "2", "READY", ""),
     ]
     await asyncio.sleep(2)
     _write_version(repository, 3)
@@ -149,9 +136,11 @@ async def _roll_out(repository: Path, admin: Admin) -> dict[str, float]:
     reason = f"{tampered}: sha256 {sha256_of(tampered)} does not match the manifest's {listed}"
     assert await admin.control("load", NAME) == (400, f"failed to load model {NAME!r}: {reason}")
     assert await admin.versions(NAME) == {(200, ("1", "2"))}  # nothing changed on any worker
-    index = await admin.everywhere("POST", "/v2/repository/index")
-    assert _index(index)[1:] == [(NAME, "1", "READY"), (NAME, "2", "READY"), (NAME, "3", "UNAVAILABLE")]
-    assert json.loads(next(iter(index))[1])[3]["reason"] == reason  # the same reason from every worker
+    assert (await admin.index())[1:] == [
+        (NAME, "1", "READY", ""),
+        (NAME, "2", "READY", ""),
+        (NAME, "3", "UNAVAILABLE", reason),  # the same reason from every worker
+    ]
     await asyncio.sleep(2)
     _policy(repository, {"specific": {"versions": [2]}})
     moments["v1 retire sent"] = time.monotonic()
@@ -159,22 +148,21 @@ async def _roll_out(repository: Path, admin: Admin) -> dict[str, float]:
     moments["v1 retired"] = time.monotonic()
     assert await admin.versions(NAME) == {(200, ("2",))}
     assert await admin.control("unload", "layernorm") == (200, "")
-    assert {s for s, _ in await admin.everywhere("GET", "/v2/models/layernorm")} == {404}
-    assert _index(await admin.everywhere("POST", "/v2/repository/index"))[0] == ("layernorm", "1", "UNAVAILABLE")
+    assert {s for s, _ in await admin.versions("layernorm")} == {404}
+    assert (await admin.index())[0] == ("layernorm", "1", "UNAVAILABLE", "unloaded")
     await asyncio.sleep(2)
     return moments
 
 
-async def _drive(
-    base: str, address: str, transport: str, repository: Path, run_s: float
-) -> tuple[Load, dict[str, float]]:
-    load, deadline = Load(), time.monotonic() + run_s
+async def _drive(base: str, address: str, transport: str, repository: Path) -> tuple[Load, dict[str, float]]:
+    load, done = Load(), asyncio.Event()
     clients: list[Coroutine[Any, Any, None]] = [
-        (_http_client(base, i, deadline, load) if i % 2 else _grpc_client(address, i, deadline, load))
-        for i in range(CLIENTS)
+        (_http_client(base, i, done, load) if i % 2 else _grpc_client(address, i, done, load)) for i in range(CLIENTS)
     ]
     tasks = [asyncio.create_task(c) for c in clients]
     moments = await _roll_out(repository, Admin(base, address, transport))
+    await asyncio.sleep(TAIL_S)
+    done.set()
     await asyncio.gather(*tasks)
     return load, moments
 
@@ -197,7 +185,8 @@ def test_a_load_or_unload_applies_to_every_worker_before_it_answers(
         "NORMSERVE_LOG_LEVEL": "warning",
     }
     with cli_server([str(NORMSERVE), "serve", "--workers", str(workers)], env) as server:
-        load, moments = asyncio.run(_drive(server.base, f"{HOST}:{grpc_port}", transport, repository, 30.0))
+        all_started(server, workers)
+        load, moments = asyncio.run(_drive(server.base, f"{HOST}:{grpc_port}", transport, repository))
     failed = load.failed()
     start = min(a.sent for a in load.answers)
     print(
