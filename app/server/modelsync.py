@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from app.core.runtime import State
-from app.errors import ModelLoadFailed
+from app.errors import ModelLoadFailed, ModelNotFound
 from app.server.control import LOAD_ERRORS, ModelControl
 
 log = logging.getLogger("normserve.models")
@@ -75,7 +75,7 @@ class ModelSync:
         self.applied = 0  # the generation this worker serves; 0: none published yet, the start-up models
         self.member = True  # False once its start-up failed: not ready, and no operation waits for it
         self._applying = threading.Lock()  # the watcher and a request's catch-up apply one at a time
-        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) of the state file last read
+        self._seen: tuple[int, int] | None = None  # (inode, mtime_ns) of the state file last read
         self._ack(STARTING)
 
     def run(self, operation: Callable[[], T], name: str) -> T:
@@ -113,7 +113,7 @@ class ModelSync:
                 return
             try:
                 self._apply(doc)
-            except (*LOAD_ERRORS, ModelLoadFailed) as e:
+            except (*LOAD_ERRORS, ModelLoadFailed, ModelNotFound) as e:  # its folder gone meanwhile, too
                 log.error("generation %s of the server's models: %s", doc["generation"], e)
                 self.applied = doc["generation"]
                 self._ack(self.applied, str(e))
@@ -127,7 +127,7 @@ class ModelSync:
             st = (self.folder / STATE).stat()
         except FileNotFoundError:
             return False
-        seen, self._seen = self._seen, (st.st_mtime_ns, st.st_size)
+        seen, self._seen = self._seen, (st.st_ino, st.st_mtime_ns)  # each write renames a new file into place
         return seen != self._seen
 
     def _apply(self, doc: dict[str, Any]) -> None:

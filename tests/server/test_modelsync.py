@@ -1,7 +1,8 @@
 """app/server/modelsync.py: explicit model control with several workers, every worker serving what the API answered.
 
-A real `normserve serve --workers 2` in explicit mode; each probe opens a new connection, which the kernel
-may give to either worker, so a worker left behind shows up as a second distinct answer.
+A real `normserve serve --workers 2` in explicit mode, where each probe opens a new connection, which the kernel
+may give to either worker, so a worker left behind shows up as a second distinct answer; then one worker's side
+in this process, its peers standing in as other processes' files in the shared folder.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +21,12 @@ import numpy as np
 import pytest
 
 from app.core.model import sha256_of
-from app.server import group
+from app.core.runtime import Runtime
+from app.errors import ModelLoadFailed
+from app.server import group, modelsync
+from app.server.control import ModelControl
+from app.server.modelsync import ModelSync
+from app.settings import Settings
 from benchmarks.servers import Server
 from tests.cli.normserve import NORMSERVE
 from tests.live_server import cli_server
@@ -146,3 +154,71 @@ def test_a_worker_started_later_serves_what_the_others_serve(repository: Path, s
     add_version(repository, "ln", 3)  # the dead worker is not waited for; the new one applies the next load
     assert control(server, "load", "ln").json() == {"name": "ln", "loaded": ["3"], "serving": ["3"]}
     assert versions(server.base, "ln") == {(200, ("3",))}
+
+
+# ---- one worker's side, in this process: peers are other pids' files in the shared folder ----------------------
+
+
+def _sync(root: Path, folder: Path) -> ModelSync:
+    control = ModelControl(Runtime(Settings(model_dir=root, model_control="explicit")))
+    for name in control.startup_names():
+        control.warm_up(control.build(name))
+    sync = ModelSync(control, folder)
+    sync.started()
+    return sync
+
+
+@pytest.fixture
+def peer() -> Iterator[int]:
+    """A live process that stands for another worker: its pid names an acknowledgement file."""
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as proc:
+        try:
+            yield proc.pid
+        finally:
+            proc.kill()
+
+
+def _ack(folder: Path, pid: int, generation: int, error: str | None = None) -> None:
+    (folder / f"worker-{pid}.json").write_text(json.dumps({"generation": generation, "error": error}))
+
+
+def test_a_published_generation_is_applied_by_another_worker_with_its_index(repository: Path, tmp_path: Path) -> None:
+    first, second = _sync(repository, tmp_path), _sync(repository, tmp_path)
+    add_version(repository, "ln", 2)
+    first.run(lambda: first.control.load("ln"), "ln")
+    assert sorted(second.control.runtime.serving["ln"]) == [1]
+    second.catch_up()
+    assert sorted(second.control.runtime.serving["ln"]) == [2]
+    assert second.control.index() == first.control.index()
+    first.run(lambda: first.control.unload("ln"), "ln")
+    second.catch_up()
+    assert "ln" not in second.control.runtime.serving and second.control.index() == first.control.index()
+
+
+def test_a_worker_that_does_not_apply_a_change_in_time_is_named(
+    repository: Path, tmp_path: Path, peer: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sync = _sync(repository, tmp_path)
+    _ack(tmp_path, peer, 0)
+    monkeypatch.setattr(modelsync, "APPLY_TIMEOUT_S", 0.3)
+    with pytest.raises(ModelLoadFailed) as e:
+        sync.run(lambda: sync.control.unload("ln"), "ln")
+    assert str(e.value) == f"model 'ln': applied here, but worker(s) {peer} did not apply it within 0.3 s"
+
+
+def test_a_worker_that_failed_to_apply_a_change_is_named_with_its_reason(
+    repository: Path, tmp_path: Path, peer: int
+) -> None:
+    sync = _sync(repository, tmp_path)
+    _ack(tmp_path, peer, 1, "failed to load model 'ln': no space left")
+    with pytest.raises(ModelLoadFailed) as e:
+        sync.run(lambda: sync.control.unload("ln"), "ln")
+    assert str(e.value) == f"model 'ln': worker {peer} could not apply it: failed to load model 'ln': no space left"
+
+
+def test_a_worker_that_died_is_not_waited_for(repository: Path, tmp_path: Path) -> None:
+    sync = _sync(repository, tmp_path)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _ack(tmp_path, int(gone.stdout), 0)
+    assert sync.run(lambda: sync.control.unload("ln"), "ln") == [1]
+    assert not (tmp_path / f"worker-{gone.stdout.strip()}.json").exists()
