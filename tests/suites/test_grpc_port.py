@@ -77,14 +77,17 @@ def test_a_second_server_on_a_taken_grpc_port_exits_and_takes_no_call_of_the_fir
         )
         assert seconds < SECOND_EXIT_S
 
-        uvicorn = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", HOST, "--port", str(free_port())]
-        code, output, seconds = _second(uvicorn, _env(grpc_port, MODELS))
-        assert code == 3  # uvicorn's start-up failure
-        errors = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
-        assert [e["msg"] for e in errors if e["logger"] == "normserve.lifecycle"] == [
+        refusal = (
             f"gRPC port {grpc_port} is already in use by another normserve server (pid {first.pid}); "
             "choose another with --grpc-port or NORMSERVE_GRPC_PORT"
-        ]
+        )
+        uvicorn = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", HOST, "--port", str(free_port())]
+        # One process: uvicorn's start-up failure (3). Several: its supervisor stops every worker, yet exits 0.
+        for extra, status in (([], 3), (["--workers", "2"], 0)):
+            code, output, seconds = _second([*uvicorn, *extra], _env(grpc_port, MODELS))
+            errors = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+            assert code == status and seconds < SECOND_EXIT_S
+            assert {e["msg"] for e in errors if e["logger"] == "normserve.lifecycle"} == {refusal}
 
         assert _listeners(grpc_port, 2) == workers
         for _ in range(40):  # each on a new connection, which the kernel may give to any listener
