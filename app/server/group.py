@@ -18,9 +18,10 @@ from __future__ import annotations
 import fcntl
 import multiprocessing
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -38,6 +39,16 @@ def started_at(pid: int) -> str:
     except OSError:
         return "0"
     return stat.rsplit(")", 1)[1].split()[19]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def server_pid() -> int:
@@ -77,10 +88,7 @@ def reap_shared_dirs() -> list[Path]:
     for folder in runtime_dir().glob("server-*-*"):
         pid, started = folder.name.removeprefix("server-").split("-", 1)
         if pid.isdigit() and started_at(int(pid)) != started:
-            for path in folder.iterdir():
-                path.unlink(missing_ok=True)
-            with suppress(OSError):  # another worker reaping it at the same moment
-                folder.rmdir()
+            shutil.rmtree(folder, ignore_errors=True)  # another worker may be reaping it at the same moment
             gone.append(folder)
     return gone
 

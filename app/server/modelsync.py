@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from app.core.runtime import State
 from app.errors import ModelLoadFailed, ModelNotFound
+from app.server import group
 from app.server.control import LOAD_ERRORS, ModelControl
 
 log = logging.getLogger("normserve.models")
@@ -43,7 +44,7 @@ STARTING = -1  # the generation a worker acknowledges until it has started
 
 def _write(path: Path, doc: dict[str, Any]) -> None:
     """Written beside, then renamed: a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # the watcher writes too
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, path)
 
@@ -54,16 +55,6 @@ def _read(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ModelSync:
@@ -178,7 +169,7 @@ class ModelSync:
         late, failed = [], []
         for path in sorted(self.folder.glob("worker-*.json")):
             pid = int(path.stem.removeprefix("worker-"))
-            if not _alive(pid):
+            if not group.alive(pid):
                 path.unlink(missing_ok=True)  # a worker that died; its replacement registers anew
                 continue
             ack = _read(path) or {"generation": STARTING}

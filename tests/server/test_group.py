@@ -74,3 +74,8 @@ def test_the_folders_of_servers_that_are_gone_are_reaped() -> None:
     (gone / "state.json").write_text("{}")
     assert gone in group.reap_shared_dirs()
     assert not gone.exists() and (mine / "state.json").is_file()
+
+
+def test_a_process_is_alive_until_it_ends() -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert group.alive(os.getpid()) and not group.alive(int(gone.stdout))
