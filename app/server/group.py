@@ -1,8 +1,10 @@
 """The workers of one server: who they are, the gRPC port they alone may share, the folder they share.
 
 uvicorn's `--workers N` (and `normserve serve`, which runs it) starts the workers as spawned children
-of one parent; a single-process server is its own parent. That parent's pid and start time name the
-server (`server_id`), so the workers of one server agree on it and no other server has it.
+of one parent, whose pid and start time name the server (`server_id`). Workers forked by a pre-fork
+manager (gunicorn), and a server given its socket (`uvicorn --fd`), hold the HTTP listening socket
+before they bind anything: its inode names the server. A server alone is named by its own pid. So
+the workers of one server agree on the name and no other server has it.
 
 gRPC: every worker binds the port with SO_REUSEPORT, which Linux grants to any process of the same
 user, so a second server would silently share the port and take some of the first one's calls. A
@@ -62,10 +64,39 @@ def one_of_several() -> bool:
     return multiprocessing.parent_process() is not None
 
 
+def _listening_inodes() -> set[str]:
+    """The inodes of the TCP sockets that listen in this network namespace (/proc/net/tcp and tcp6)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = [line.split() for line in Path(table).read_text().splitlines()[1:]]
+        except OSError:
+            continue
+        inodes.update(row[9] for row in rows if row[3] == "0A")  # st 0A: LISTEN
+    return inodes
+
+
+def inherited_listener() -> str | None:
+    """The inode of a listening TCP socket that this process holds (before it binds any itself: inherited), or None."""
+    listening = _listening_inodes()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:[") and target[8:-1] in listening:
+            return target[8:-1]
+    return None
+
+
 def server_id() -> str:
-    """This server's identity, the same in all of its workers: its parent's pid and start time."""
-    pid = server_pid()
-    return f"{pid}-{started_at(pid)}"
+    """This server's identity, the same in all of its workers (module docstring)."""
+    if one_of_several():
+        pid = server_pid()
+        return f"{pid}-{started_at(pid)}"
+    if (inode := inherited_listener()) is not None:
+        return f"socket-{inode}"
+    return f"{os.getpid()}-{started_at(os.getpid())}"
 
 
 def runtime_dir() -> Path:
@@ -115,16 +146,16 @@ def claim_grpc_port(port: int, owner: str | None = None) -> IO[str]:
             fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # held: by this server's other workers, or by another server
             claim.seek(0)
-            holder = claim.read()
+            holder, _, pid = claim.read().partition(" ")
             if holder != owner:
                 claim.close()
                 raise PortTaken(
-                    f"gRPC port {port} is already in use by another normserve server (pid {holder.split('-')[0]}); "
+                    f"gRPC port {port} is already in use by another normserve server (pid {pid}); "
                     f"choose another with {ENV_HINT}"
                 ) from None
         else:  # nobody holds it: this server's now
             claim.truncate(0)
-            claim.write(owner)
+            claim.write(f"{owner} {server_pid()}")
             claim.flush()
         fcntl.flock(claim, fcntl.LOCK_SH)  # downgraded under the exclusive lock: nobody can claim in between
         return claim

@@ -95,7 +95,7 @@ def test_a_grpc_port_claimed_by_another_server_is_refused_before_it_listens(
         args = ["--port", str(free_port()), "--grpc-port", str(port), "--model-dir", str(tmp_path / "no-models")]
         assert serve.command(args) == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"normserve serve: error: gRPC port {port} is already in use by another normserve server (pid 4242); "
+        f"normserve serve: error: gRPC port {port} is already in use by another normserve server (pid {os.getpid()}); "
         "choose another with --grpc-port or NORMSERVE_GRPC_PORT"
     ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -19,7 +20,7 @@ def test_a_claim_is_shared_by_the_workers_of_one_server_and_refused_to_another()
     with pytest.raises(group.PortTaken) as refused:
         group.claim_grpc_port(port, owner="222-7")
     assert str(refused.value) == (
-        f"gRPC port {port} is already in use by another normserve server (pid 111); "
+        f"gRPC port {port} is already in use by another normserve server (pid {os.getpid()}); "
         "choose another with --grpc-port or NORMSERVE_GRPC_PORT"
     )
     first.close()
@@ -79,3 +80,20 @@ def test_the_folders_of_servers_that_are_gone_are_reaped() -> None:
 def test_a_process_is_alive_until_it_ends() -> None:
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     assert group.alive(os.getpid()) and not group.alive(int(gone.stdout))
+
+
+def test_processes_given_one_listening_socket_are_one_server() -> None:
+    """As gunicorn's forked workers, or `uvicorn --fd`: the socket they were handed names their server."""
+    code = "from app.server import group; print(group.server_id())"
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        ids = {
+            subprocess.run(
+                [sys.executable, "-c", code], pass_fds=[listening.fileno()], capture_output=True, text=True, cwd=ROOT
+            ).stdout.strip()
+            for _ in range(2)
+        }
+        assert ids == {f"socket-{os.fstat(listening.fileno()).st_ino}"}
+    alone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout
+    assert not alone.startswith("socket-")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from benchmarks.servers import HOST, free_port
+from benchmarks.servers import HOST, free_port, server_process
 from tests.cli.normserve import NORMSERVE
 from tests.live_server import MODELS, ROOT, cli_server
 from tests.repositories import copy_models, learned_layernorm
@@ -110,3 +110,48 @@ def test_the_grpc_port_is_free_again_once_its_server_has_stopped(tmp_path: Path,
         finally:
             client.close()
         assert again.proc.poll() is None
+
+
+# A pre-fork server as gunicorn runs one: the parent binds the HTTP socket, forks its workers, and each execs a
+# server on that socket (no multiprocessing parent); SIGTERM goes on to them.
+PRE_FORK = """
+import os, signal, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+os.set_inheritable(s.fileno(), True)
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        os.execv(sys.executable, [sys.executable, "-m", "uvicorn", "app.main:app", "--fd", str(s.fileno())])
+    kids.append(pid)
+signal.signal(signal.SIGTERM, lambda *_: [os.kill(k, signal.SIGTERM) for k in kids])
+for k in kids:
+    while True:
+        try:
+            os.waitpid(k, 0)
+            break
+        except InterruptedError:
+            pass
+"""
+
+
+def test_workers_forked_on_one_socket_share_the_grpc_port_and_refuse_another_server() -> None:
+    grpc_port, port = free_port(), free_port()
+    command = [sys.executable, "-c", PRE_FORK, str(port)]
+    with server_process(command, port=port, env=_env(grpc_port, MODELS), timeout=90) as first:
+        workers = _listeners(grpc_port, 2)
+        assert len(workers) == 2 and first.pid not in workers
+        uvicorn = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", HOST, "--port", str(free_port())]
+        code, output, _ = _second(uvicorn, _env(grpc_port, MODELS))
+        errors = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+        refused = [e["msg"] for e in errors if e["logger"] == "normserve.lifecycle"]
+        assert code == 3 and len(refused) == 1
+        assert refused[0] in {  # named by the worker that claimed the port first
+            f"gRPC port {grpc_port} is already in use by another normserve server (pid {pid}); "
+            "choose another with --grpc-port or NORMSERVE_GRPC_PORT"
+            for pid in workers
+        }
+        assert _listeners(grpc_port, 2) == workers
