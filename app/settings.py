@@ -36,7 +36,7 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address `normserve serve` binds to.")
     port: int = Field(8000, ge=0, le=65535, description="Port `normserve serve` listens on.")
     workers: int = Field(1, ge=1, description="uvicorn worker processes for `normserve serve`.")
-    # Every worker serves it on the same port (SO_REUSEPORT, grpc's default on Linux): app/server/api/grpc/server.py.
+    # Every worker serves it on the same port (SO_REUSEPORT), which no other server may take: app/server/group.py.
     grpc_port: int = Field(8001, ge=0, le=65535, description="Port of the gRPC Open Inference Protocol (0 = off).")
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest request body, also after decompression.")
     max_elements: int = Field(16_777_216, ge=1, description="Largest element count of any one tensor.")

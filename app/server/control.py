@@ -125,6 +125,20 @@ class ModelControl:
                 self._retire(name, version, "not selected by the version_policy any more")
             return models
 
+    def build_exactly(self, name: str, versions: list[int]) -> list[Model]:
+        """These versions of a model, those not serving yet, built: what another worker of the server loaded."""
+        return self._build(name, self.repository.policy(name), sorted(versions, reverse=True), ())
+
+    def serve_exactly(self, name: str, versions: list[int]) -> None:
+        """Serve these versions of a model and no other: what another worker of the server loaded (modelsync.py)."""
+        with self.runtime.lock:
+            try:
+                self.warm_up(self.build_exactly(name, versions))
+            except LOAD_ERRORS as e:
+                raise ModelLoadFailed(f"failed to load model {name!r}: {e}") from None
+            for version in sorted(set(self.runtime.serving.get(name, {})) - set(versions)):
+                self._retire(name, version, "not selected by the version_policy any more")
+
     def unload(self, name: str) -> list[int]:
         """Retire every version of a model: requests already holding one finish on it. The versions retired."""
         with self.runtime.lock:

@@ -22,6 +22,7 @@ from app.server import metrics, observability
 from app.server.admission import Admission
 from app.server.control import LOAD_ERRORS, ModelControl
 from app.server.drain import Drain
+from app.server.modelsync import ModelSync
 from app.server.statistics import InferTimer, Statistics
 from app.settings import Settings
 
@@ -45,10 +46,15 @@ class Worker:
         # The batchers stop waiting once every request in flight in this worker is in the batch.
         self.runtime = Runtime(settings, observe=self._observe_run, in_flight=self.admission.count)
         self.control = ModelControl(self.runtime)
+        self.sync: ModelSync | None = None  # explicit mode with several workers: set by the app's lifespan
         self.drain = Drain(self.admission, settings.drain_timeout_s)
 
     def load(self) -> list[Model]:
-        """sha256 checks and sessions of every model loaded at start (ModelLoadError names the file)."""
+        """sha256 checks and sessions of every model loaded at start (ModelLoadError names the file): those of
+        NORMSERVE_STARTUP_MODELS, or what the server's other workers serve once a load or unload has changed it."""
+        published = None if self.sync is None else self.sync.published()
+        if published is not None:  # a worker started after loads and unloads: what the others serve
+            return [m for name, versions in published.items() for m in self.control.build_exactly(name, versions)]
         return [m for name in self.control.startup_names() for m in self.control.build(name)]
 
     def warm_up(self, models: list[Model]) -> dict[tuple[str, str], tuple[float, float]]:
@@ -67,7 +73,11 @@ class Worker:
             self.admission.not_ready_reason = f"model check failed: {e}"
             self.control.abandon(f"not loaded: {self.admission.not_ready_reason}")
             log.error("not ready: %s", e, extra={"reason": self.admission.not_ready_reason})
+            if self.sync is not None:
+                self.sync.started(failed=True)
             return
+        if self.sync is not None:  # what the other workers loaded and unloaded since they started
+            self.sync.started()
         diffs = {f"{name}/{version}": diff for (name, version), (diff, _) in figures.items()}
         log.info(
             "ready: parity warm-up max abs diff %s",
@@ -75,6 +85,18 @@ class Worker:
             extra={"parity_max_abs_diff": diffs},
         )
         self.admission.ready = True
+
+    def load_model(self, name: str) -> list[Model]:
+        """A load through the repository API; with several workers, applied by every one before it returns."""
+        if self.sync is None:
+            return self.control.load(name)
+        return self.sync.run(lambda: self.control.load(name), name)
+
+    def unload_model(self, name: str) -> list[int]:
+        """An unload through the repository API; with several workers, applied by every one before it returns."""
+        if self.sync is None:
+            return self.control.unload(name)
+        return self.sync.run(lambda: self.control.unload(name), name)
 
     def model(self, name: str, version: str | int | None = None) -> Model:
         """The model, 404 if unknown; 503 while models are still loading, when unknown may just mean not yet."""

@@ -3,8 +3,9 @@
 It listens on NORMSERVE_HOST:NORMSERVE_GRPC_PORT (8001; 0 = off) in every worker process. Several
 workers share the port through SO_REUSEPORT (grpc's default on Linux, set here explicitly): each
 worker binds its own listening socket and the kernel spreads new connections across them, as
-uvicorn's shared socket does for HTTP. The same option lets two unrelated servers bind one port
-too, so give each deployment its own port (the tests take a free port per server).
+uvicorn's shared socket does for HTTP. The same option would let a second server bind the port too,
+so each worker first claims the port for its server (app/server/group.py): a worker of another
+server refuses to start, naming the port and the settings, and that server exits.
 
 Handlers are registered from the service descriptors that tritonclient's generated modules carry,
 so every RPC of `inference.GRPCInferenceService` is routed: the implemented ones to
@@ -23,13 +24,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from types import ModuleType
-from typing import Any
+from typing import IO, Any
 
 import grpc
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection
 from tritonclient.grpc import service_pb2 as pb
 
+from app.server import group
 from app.server.api.grpc import calls, health, service, wire
 from app.server.worker import Worker
 
@@ -104,6 +106,27 @@ def grace_s(worker: Worker) -> float:
     return max(MIN_GRACE_S, worker.settings.drain_timeout_s - spent)
 
 
+def _listen(server: grpc.aio.Server, where: str, port: int) -> IO[str]:
+    """Claim the port for this server, then bind it: PortTaken (logged) when either fails, and the worker does not
+    start half-served (uvicorn ends the server)."""
+    try:
+        claim = group.claim_grpc_port(port)
+    except group.PortTaken as e:
+        log.error("%s", e, extra={"grpc_address": where})  # the one line to read among uvicorn's traceback
+        raise
+    try:
+        server.add_insecure_port(where)
+    except RuntimeError:  # held by a process that is no normserve, or not an address of this host
+        claim.close()
+        error = group.PortTaken(
+            f"cannot listen for gRPC on {where} (in use, or not an address of this host); "
+            f"choose another with {group.ENV_HINT}"
+        )
+        log.error("%s", error, extra={"grpc_address": where})
+        raise error from None
+    return claim
+
+
 @asynccontextmanager
 async def serving(worker: Worker) -> AsyncIterator[grpc.aio.Server | None]:
     """Serve gRPC for the lifespan's duration (nothing when NORMSERVE_GRPC_PORT is 0); a port in use fails start-up."""
@@ -113,12 +136,13 @@ async def serving(worker: Worker) -> AsyncIterator[grpc.aio.Server | None]:
         return
     server, inference, checks = build(worker)
     where = address(settings.host, settings.grpc_port)
-    server.add_insecure_port(where)  # RuntimeError when it cannot bind: the worker does not start half-served
+    claim = _listen(server, where, settings.grpc_port)
     await server.start()
     log.info("gRPC listening on %s", where, extra={"grpc_address": where})
     try:
         yield server
     finally:
+        claim.close()
         # The drain (SIGTERM) has already waited for in-flight inferences; mark draining in case no signal came,
         # so that RPCs arriving during the grace answer UNAVAILABLE, then end idle streams and stop.
         worker.admission.draining = True

@@ -91,13 +91,13 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
         """As HTTP's load: explicit mode only; done (or failed, with the reason) when it answers."""
         self._admin(context)
         name = self._control(request, "load", call)
-        await asyncio.to_thread(self.worker.control.load, name)
+        await asyncio.to_thread(self.worker.load_model, name)
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: Any, call: Call) -> Any:
         self._admin(context)
         name = self._control(request, "unload", call)
-        await asyncio.to_thread(self.worker.control.unload, name)
+        await asyncio.to_thread(self.worker.unload_model, name)
         return pb.RepositoryModelUnloadResponse()
 
     def _admin(self, context: Any) -> None:
