@@ -28,6 +28,11 @@ MISSPELT_RATIO = 0.6  # difflib's: "epsilon" vs "eps" is 0.6, "eps_mod" vs "eps_
 IGNORED_TENSOR_PARAMETERS = ("content_type",)
 # Parameters of the protocol itself (tritonclient's reserved names): accepted, and only the first is used.
 PROTOCOL_PARAMETERS = ("binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
+# Bounds on what a request's parameters may cost: 100,000 unknown names took 5.4 s of difflib and were echoed
+# back as 4.1 MB. A model reads at most 3 and the protocol names 6; clients add a few of their own.
+MAX_PARAMETERS = 64  # more is a 400 naming `parameters`
+MAX_CHECKED_NAME = 64  # longer names are never close to a model's (difflib's cost grows with the length)
+MAX_ECHOED = 16  # names listed back in `ignored_parameters`, each cut to MAX_CHECKED_NAME characters
 # The data plane's fields as V2 names them: tensors are inputs, the small fields request parameters.
 FIELDS = Fields(
     x="inputs.input",
@@ -57,6 +62,8 @@ def parameters(raw: Any, model: Model) -> dict[str, Any]:
     params = {} if raw is None else raw
     if not isinstance(params, dict):
         raise InvalidInput(f"expected an object, got {shown(params)}", "parameters")
+    if len(params) > MAX_PARAMETERS:
+        raise InvalidInput(f"{len(params)} parameters; at most {MAX_PARAMETERS} are accepted", "parameters")
     for name, value in params.items():
         if name not in model.parameters and name not in PROTOCOL_PARAMETERS:
             _not_misspelt(name, model)
@@ -69,11 +76,17 @@ def parameters(raw: Any, model: Model) -> dict[str, Any]:
 
 
 def ignored(params: Mapping[str, Any], model: Model) -> tuple[str, ...]:
-    """The request parameters that changed nothing: answered back, so that a client can see they were unused."""
-    return tuple(sorted(n for n in params if n not in model.parameters and n not in PROTOCOL_PARAMETERS))
+    """The request parameters that changed nothing: answered back, so that a client can see they were unused;
+    the first MAX_ECHOED names in order, each cut, then how many more there were."""
+    names = sorted(n for n in params if n not in model.parameters and n not in PROTOCOL_PARAMETERS)
+    echoed = [n if len(n) <= MAX_CHECKED_NAME else n[: MAX_CHECKED_NAME - 1] + "…" for n in names[:MAX_ECHOED]]
+    more = [f"+{len(names) - MAX_ECHOED} more"] if len(names) > MAX_ECHOED else []
+    return (*echoed, *more)
 
 
 def _not_misspelt(name: str, model: Model) -> None:
+    if len(name) > MAX_CHECKED_NAME:
+        return
     squashed = name.lower().replace("-", "_")
     ratios = {known: difflib.SequenceMatcher(None, squashed, known).ratio() for known in model.parameters}
     for known in sorted(ratios, key=ratios.__getitem__, reverse=True):  # the closest name is the one suggested
