@@ -60,13 +60,18 @@ class Worker:
     def start(self) -> None:
         """Load, warm up, then ready; a failure leaves the worker live but not ready, with the reason.
 
-        Triton's strict readiness: every model meant to be served at start must load."""
+        Triton's strict readiness: every model meant to be served at start must load. Those that did serve
+        meanwhile, and readiness names each one that failed and why."""
         try:
-            figures = self.warm_up(self.load())
+            names = self.control.startup_names()
         except (*LOAD_ERRORS, LegacyLayout) as e:
-            self.admission.not_ready_reason = f"model check failed: {e}"
-            self.control.abandon(f"not loaded: {self.admission.not_ready_reason}")
-            log.error("not ready: %s", e, extra={"reason": self.admission.not_ready_reason})
+            self._not_ready(self.control.relative(e))
+            return
+        self.admission.not_ready_reason = "parity warm-up running"
+        figures, failures = self.control.start(names)
+        if failures:
+            self._not_ready("; ".join(failures))
+            self.admission.started = True  # the models that loaded take requests
             return
         diffs = {f"{name}/{version}": diff for (name, version), (diff, _) in figures.items()}
         log.info(
@@ -75,6 +80,11 @@ class Worker:
             extra={"parity_max_abs_diff": diffs},
         )
         self.admission.ready = True
+
+    def _not_ready(self, reason: str) -> None:
+        self.admission.not_ready_reason = f"model check failed: {reason}"
+        self.control.abandon(f"not loaded: {self.admission.not_ready_reason}")
+        log.error("not ready: %s", reason, extra={"reason": self.admission.not_ready_reason})
 
     def model(self, name: str, version: str | int | None = None) -> Model:
         """The model, 404 if unknown; 503 while models are still loading, when unknown may just mean not yet."""
