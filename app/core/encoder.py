@@ -126,13 +126,24 @@ class EncoderModel(Model):
         mask[1, 4:] = True
         out = self.infer(EncodeInput(x, mask, self.limits, validate=True))
         assert out.validation is not None
-        # The longest sequence the manifest admits runs too: a graph that cannot (a positional table shorter
-        # than max_sequence_length) fails here, not on a request.
-        full = np.zeros((1, self.config.max_sequence_length, self.config.d_model), np.float32)
-        longest = self.run({"input": full, "padding_mask": np.zeros(full.shape[:2], bool)}, ["output"])[0]
-        if longest.shape != full.shape:
-            raise ModelLoadError(f"output of shape {list(longest.shape)} for an input of shape {list(full.shape)}")
+        self._check_longest()
         return out.validation["max_abs_diff"], self.validate_atol
+
+    def _check_longest(self) -> None:
+        """The longest sequence the manifest admits runs: a graph that cannot (its positional table is shorter
+        than config.max_sequence_length) fails here, not on a request."""
+        full = np.zeros((1, self.config.max_sequence_length, self.config.d_model), np.float32)
+        try:
+            shape = self.run({"input": full, "padding_mask": np.zeros(full.shape[:2], bool)}, ["output"])[0].shape
+        except Exception as e:  # onnxruntime's classes derive from Exception only
+            shape, error = (), type(e).__name__
+        else:
+            error = f"an output of shape {list(shape)}"
+        if shape != full.shape:
+            raise ModelLoadError(
+                f"{self.path.parent / MANIFEST}: config.max_sequence_length {self.config.max_sequence_length}: "
+                f"the graph fails on a sequence that long ({error})"
+            )
 
 
 def batching(loaded: Loaded) -> dict[str, int]:
@@ -158,7 +169,7 @@ def config(entry: Mapping[str, Any], where: Path) -> EncoderConfig:
     sizes["max_sequence_length"] = positive_int(raw, "max_sequence_length", where)
     if sizes["d_model"] % sizes["num_heads"]:
         raise ModelLoadError(
-            f"{where}: config.num_heads {sizes['num_heads']} does not divide d_model {sizes['d_model']}"
+            f"{where}: config.num_heads {sizes['num_heads']} does not divide config.d_model {sizes['d_model']}"
         )
     if not isinstance(raw.get("norm_first"), bool):
         raise ModelLoadError(f"{where}: config.norm_first {shown(raw.get('norm_first'))}; expected true or false")

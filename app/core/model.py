@@ -131,8 +131,8 @@ def check_graph(model: Model, manifest: Mapping[str, Any], where: Path) -> None:
     for side, got, want in (("inputs", graph_in, want_in), ("outputs", graph_out, want_out)):
         if not _fits(got, want):
             raise ModelLoadError(
-                f"{where}: the graph's {side} are {shown_signature(got)}; a {model.kind} model with this config "
-                f"has {shown_signature(want)}"
+                f"{where}: the graph's {side} are {shown_signature(got)}; the {model.kind} kind with this config "
+                f"expects {shown_signature(want)}"
             )
         listed = manifest.get(side)
         if listed is not None and _names_and_shapes(listed) != [

@@ -139,6 +139,8 @@ class Runtime:
         """The model on fixed inputs against the NumPy reference: (max abs diff, tolerance); ModelLoadError past it."""
         try:
             diff, atol = model.warm_up()
+        except ModelLoadError:
+            raise
         except Exception as e:  # the graph or the weights fail on the warm-up's inputs: they would on a request's
             raise ModelLoadError(f"{model.path}: parity warm-up failed: {describe(e)}") from e
         if not diff <= atol:
