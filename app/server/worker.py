@@ -62,6 +62,11 @@ class Worker:
 
         Triton's strict readiness: every model meant to be served at start must load. Those that did serve
         meanwhile, and readiness names each one that failed and why."""
+        if self.settings.model_control == "explicit" and not self.settings.admin_token:
+            log.warning(
+                "NORMSERVE_MODEL_CONTROL is explicit but NORMSERVE_ADMIN_TOKEN is not set: the repository API "
+                "(load, unload) and the trace and logging routes are closed until a token is set"
+            )
         try:
             names = self.control.startup_names()
         except (*LOAD_ERRORS, LegacyLayout) as e:

@@ -38,7 +38,7 @@ async def _changes(request: Request, worker: Worker) -> dict[str, Any]:
 
 
 def _authorized(request: Request, worker: Worker) -> None:
-    check_token(request.headers.get("authorization"), worker.settings)
+    check_token(request.headers.getlist("authorization"), worker.settings)
 
 
 @router.get("/v2/trace/setting")
