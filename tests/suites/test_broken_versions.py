@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as tg
+from tritonclient.utils import InferenceServerException
 
 from app.core import reference
 from app.errors import shown
@@ -234,15 +236,19 @@ def _until(condition: Callable[[], bool], timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
-def _assert_failed_cleanly(server: GrpcServer) -> None:
-    """Index, metric and log line of every broken version; the good models serve, correctly."""
+def _assert_failed_cleanly(server: GrpcServer, loads: int = 1) -> None:
+    """Index, metric and log line of every broken version (tried `loads` times); the good models serve, correctly."""
     index = _index(server)
     assert {n: index[n] for n in NAMES} == {n: ("UNAVAILABLE", REASONS[n]) for n in NAMES}
     assert index["layernorm"] == ("READY", "") and index["encoder"] == ("READY", "")
     failures = _failures(server)
-    assert {n: failures.get(n) for n in NAMES} == dict.fromkeys(NAMES, 1.0)
+    assert {n: failures.get(n) for n in NAMES} == dict.fromkeys(NAMES, float(loads))
     errors = _errors(server)
     assert {n: errors.get(n) for n in NAMES} == {n: f"model {n} version 1 failed to load: {REASONS[n]}" for n in NAMES}
+    body = {"inputs": [{"name": "input", "shape": [1, 1, 128], "datatype": "FP32", "data": [0.5] * 128}]}
+    for name in NAMES:  # never served: 404, or 503 naming the failure while the server is not ready; never a 500
+        r = httpx.post(f"{server.base}/v2/models/{name}/infer", json=body, timeout=30)
+        assert r.status_code in (404, 503), (name, r.status_code, r.text)
     x = np.array([[0.5, -1.0, 2.0], [3.0, 0.25, -0.5]])
     r = httpx.post(f"{server.base}/normalize", json={"data": x.tolist()}, timeout=30)
     assert r.status_code == 200
@@ -272,14 +278,21 @@ def test_at_start_up_readiness_names_every_failure_and_the_other_models_serve(re
         _assert_failed_cleanly(server)
 
 
-def test_an_explicit_load_of_each_is_a_400_naming_the_file_and_the_reason(repository: Path, tmp_path: Path) -> None:
+def test_an_explicit_load_of_each_is_a_400_or_invalid_argument_naming_the_file_and_the_reason(
+    repository: Path, tmp_path: Path
+) -> None:
     build_broken(repository)
     env = _env(repository, NORMSERVE_MODEL_CONTROL="explicit", NORMSERVE_STARTUP_MODELS="layernorm,encoder")
     with grpc_server(tmp_path, env) as server:
-        for name in NAMES:
-            r = httpx.post(f"{server.base}/v2/repository/models/{name}/load", headers=AUTH, timeout=60)
-            assert (r.status_code, r.json()) == (400, {"error": f"failed to load model {name!r}: {REASONS[name]}"})
-        _assert_failed_cleanly(server)
+        with tg.InferenceServerClient(server.address) as triton:
+            for name in NAMES:
+                message = f"failed to load model {name!r}: {REASONS[name]}"
+                r = httpx.post(f"{server.base}/v2/repository/models/{name}/load", headers=AUTH, timeout=60)
+                assert (r.status_code, r.json()) == (400, {"error": message})
+                with pytest.raises(InferenceServerException) as e:
+                    triton.load_model(name, headers={"authorization": AUTH["Authorization"]})
+                assert (e.value.status(), e.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)
+        _assert_failed_cleanly(server, loads=2)
         assert httpx.get(f"{server.base}/v2/health/ready", timeout=30).status_code == 200
 
 
