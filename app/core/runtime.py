@@ -114,7 +114,11 @@ class Runtime:
         policy = policy or self.repository.policy(name)
         entry = {**manifest, "name": name, "version": str(version), "sha256": files[MODEL_FILE]}
         model = kind(Loaded(entry, path, session, self.settings, self._observe, self._in_flight, policy))
-        check_graph(model, manifest, folder / MANIFEST)
+        try:
+            check_graph(model, manifest, folder / MANIFEST)
+        except ModelLoadError:
+            model.close()  # its batcher's thread: the version never serves
+            raise
         return model
 
     def _manifest(self, name: str, version: int, folder: Path) -> dict[str, Any]:

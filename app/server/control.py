@@ -221,8 +221,10 @@ class ModelControl:
             log.info("unloaded model %s version %s: %s", name, version, reason, extra={"model": name})
 
     def _failed(self, name: str, version: int, error: Exception, others: list[Model]) -> None:
-        """The version's state says why; the versions loaded with it do not serve either (they change together)."""
+        """The version's state says why; the versions loaded with it do not serve either (they change together),
+        and none of those built for this load will: their batchers stop."""
         for model in others:
+            model.close()
             if model.version != str(version) and int(model.version) not in self.runtime.serving.get(name, {}):
                 self.runtime.states[name, int(model.version)] = State(UNAVAILABLE, f"version {version} failed")
         reason = self.relative(error)
