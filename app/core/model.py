@@ -156,6 +156,18 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
+def version_sha256(files: Mapping[str, str]) -> str:
+    """The identity a version answers with: the sha256 of `sha256sum`'s lines for every file of the version.
+
+    Over every file, not model.onnx alone: trained LayerNorms share the default graph and differ only in
+    weights.npz. Over the files' sha256s, not manifest.json: a re-export of the same files on another
+    machine records other parity figures and library versions but computes the same thing. In a version
+    folder, `sha256sum model.onnx weights.npz | sha256sum` (files in name order) prints the same digest.
+    """
+    lines = "".join(f"{files[name]}  {name}\n" for name in sorted(files))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
 def verify(path: Path, expected: str) -> None:
     """ModelLoadError unless the file is there with the manifest's sha256."""
     if not path.is_file():

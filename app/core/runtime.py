@@ -21,7 +21,7 @@ import onnxruntime as ort
 
 from app.core.encoder import EncoderModel
 from app.core.layernorm import LayerNormModel
-from app.core.model import Loaded, Model, ModelLoadError, RunObserver, check_graph, describe, verify
+from app.core.model import Loaded, Model, ModelLoadError, RunObserver, check_graph, describe, verify, version_sha256
 from app.core.repository import MANIFEST, MODEL_FILE, Policy, Repository, check_name, check_version
 from app.errors import ModelNotFound
 from app.settings import Settings
@@ -112,7 +112,7 @@ class Runtime:
         path = folder / MODEL_FILE
         session = self._session(path)
         policy = policy or self.repository.policy(name)
-        entry = {**manifest, "name": name, "version": str(version), "sha256": files[MODEL_FILE]}
+        entry = {**manifest, "name": name, "version": str(version), "sha256": version_sha256(files)}
         model = kind(Loaded(entry, path, session, self.settings, self._observe, self._in_flight, policy))
         try:
             check_graph(model, manifest, folder / MANIFEST)

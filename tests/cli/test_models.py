@@ -56,9 +56,16 @@ def test_list_load_and_unload_a_version_as_an_operator_would(server: str, reposi
     [
         (["list", "--token", "wrong"], 2, "POST {url}/v2/repository/index: HTTP 403: authorization: wrong admin token"),
         (
-            ["load", "nope", "--token", TOKEN],
+            ["load", "layernrom", "--token", TOKEN],
             2,
-            "POST {url}/v2/repository/models/nope/load: HTTP 404: model: no model 'nope' in the repository",
+            "POST {url}/v2/repository/models/layernrom/load: HTTP 404: model: no model 'layernrom' in the repository; "
+            "available: layernorm",
+        ),
+        (
+            ["unload", "layernrom", "--token", TOKEN],
+            2,
+            "POST {url}/v2/repository/models/layernrom/unload: HTTP 404: model: no model 'layernrom' in the "
+            "repository; available: layernorm",
         ),
         (
             ["load", "../x", "--token", TOKEN],

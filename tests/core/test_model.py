@@ -27,12 +27,14 @@ from app.core.model import (
     positive_int,
     sha256_of,
     verify,
+    version_sha256,
 )
 from app.core.runtime import Runtime
 from app.errors import InvalidInput
 from app.server.api.v2.codec import FIELDS as V2_FIELDS
 from app.settings import Settings
 from tests.live_server import MODELS
+from tests.repositories import sha256sum_identity
 
 Run = tuple[str, str, float, int]
 
@@ -84,6 +86,19 @@ def test_sha256_of_equals_hashlib_at_any_size(tmp_path: Path, size: int) -> None
     path = tmp_path / "blob"
     path.write_bytes(data)
     assert sha256_of(path) == hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("name", ["layernorm", "encoder", "encoder-preln"])
+def test_version_identity_is_sha256sum_over_every_file_in_name_order(name: str) -> None:
+    files = _entry(name)["files"]
+    backwards = dict(reversed(files.items()))  # the manifest's order does not matter, the names' does
+    assert version_sha256(backwards) == version_sha256(files) == sha256sum_identity(MODELS / name / "1")
+
+
+@pytest.mark.parametrize("file", ["model.onnx", "weights.npz"])
+def test_version_identity_changes_with_any_file(file: str) -> None:
+    files = _entry("encoder")["files"]
+    assert version_sha256({**files, file: hashlib.sha256(b"retrained").hexdigest()}) != version_sha256(files)
 
 
 def test_verify_accepts_the_shipped_file_with_its_manifest_sha256() -> None:

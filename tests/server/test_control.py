@@ -101,7 +101,7 @@ def test_unload_lets_a_request_holding_the_version_finish_on_it(root: Path) -> N
 def test_unload_of_a_name_the_repository_does_not_have_is_not_found(root: Path) -> None:
     with pytest.raises(ModelNotFound) as e:
         _control(root).unload("nope")
-    assert str(e.value) == "model: no model 'nope' in the repository"
+    assert str(e.value) == "model: no model 'nope' in the repository; available: encoder, layernorm"
 
 
 @pytest.mark.parametrize("mode", ["none", "poll"])

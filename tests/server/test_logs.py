@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 
 from app.server import logs
+from tests.live_server import MODELS
+from tests.repositories import sha256sum_identity
 from tests.server.log_records import captured
 from tests.server.logged_server import LoggedServer, logged_server
 from tests.server.model_dirs import broken_copy, not_ready_reason
@@ -192,14 +194,14 @@ def test_uvicorn_log_config_gives_json_at_the_level_and_no_uvicorn_access_log() 
 # ---- over real servers ---------------------------------------------------------------------------------------
 
 
-def test_start_up_lines_are_structured(logged: LoggedServer, shipped_manifest: dict[str, Any]) -> None:
+def test_start_up_lines_are_structured(logged: LoggedServer) -> None:
     lines = logged.lines()
     loaded = {(d["model"], d["version"]): d for d in lines if d["msg"].startswith("loaded model")}
     assert sorted(loaded) == [("encoder", "1"), ("encoder-preln", "1"), ("layernorm", "1")]
     (ready,) = [d for d in lines if d["msg"].startswith("ready")]
     assert sorted(ready["parity_max_abs_diff"]) == ["encoder-preln/1", "encoder/1", "layernorm/1"]
     for (name, version), d in loaded.items():
-        sha256 = shipped_manifest[name]["files"]["model.onnx"]
+        sha256 = sha256sum_identity(MODELS / name / version)  # the version's identity, over every file
         assert (d["logger"], d["level"], d["sha256"]) == ("normserve.models", "info", sha256)
         found = re.fullmatch(
             rf"loaded model {name} version {version} \(sha256 {sha256[:12]}\.\.\.\) in (\d+\.\d{{3}}) s; "

@@ -87,7 +87,7 @@ def test_the_token_guards_every_repository_rpc(
 @pytest.mark.parametrize(
     ("name", "status", "message"),
     [
-        ("nope", "StatusCode.NOT_FOUND", "model: no model 'nope' in the repository"),
+        ("nope", "StatusCode.NOT_FOUND", "model: no model 'nope' in the repository; available: layernorm, my-ln"),
         (
             "../etc",
             "StatusCode.INVALID_ARGUMENT",
