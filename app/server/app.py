@@ -58,6 +58,7 @@ async def poll(worker: Worker, starting: asyncio.Task[None]) -> None:
         await asyncio.sleep(worker.settings.poll_interval_s)
         try:
             await asyncio.to_thread(worker.control.poll)
+            worker.settle()
         except Exception:  # a folder half written or gone: the next scan sees it again, the loop must go on
             log.exception("poll: scanning %s failed", worker.settings.model_dir)
 

@@ -128,17 +128,17 @@ class ModelControl:
                 self._retire(name, version, "not selected by the version_policy any more")
             return models
 
-    def start(self, names: list[str]) -> tuple[dict[tuple[str, str], tuple[float, float]], list[str]]:
+    def start(self, names: list[str]) -> tuple[dict[tuple[str, str], tuple[float, float]], dict[str, str]]:
         """Each start-up model loaded on its own: those that load serve whatever the others do. The warm-up
-        figures by (name, version), and why each model that failed did (its file, repository-relative)."""
+        figures by (name, version), and by name why each model that failed did (its file, repository-relative)."""
         figures: dict[tuple[str, str], tuple[float, float]] = {}
-        failures = []
+        failures = {}
         for name in names:
             with self.runtime.lock:
                 try:
                     figures |= self.warm_up(self.build(name))
                 except (*LOAD_ERRORS, ModelNotFound) as e:
-                    failures.append(self.relative(e))
+                    failures[name] = self.relative(e)
         return figures, failures
 
     def relative(self, error: Exception) -> str:

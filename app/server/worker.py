@@ -46,6 +46,7 @@ class Worker:
         self.runtime = Runtime(settings, observe=self._observe_run, in_flight=self.admission.count)
         self.control = ModelControl(self.runtime)
         self.drain = Drain(self.admission, settings.drain_timeout_s)
+        self.failed_at_start: dict[str, str] = {}  # model name: why it failed at start (readiness waits on them)
 
     def load(self) -> list[Model]:
         """sha256 checks and sessions of every model loaded at start (ModelLoadError names the file)."""
@@ -75,7 +76,8 @@ class Worker:
         self.admission.not_ready_reason = "parity warm-up running"
         figures, failures = self.control.start(names)
         if failures:
-            self._not_ready("; ".join(failures))
+            self.failed_at_start = failures
+            self._not_ready("; ".join(failures.values()))
             self.admission.started = True  # the models that loaded take requests
             return
         diffs = {f"{name}/{version}": diff for (name, version), (diff, _) in figures.items()}
@@ -84,6 +86,20 @@ class Worker:
             {k: f"{v:.2e}" for k, v in diffs.items()},
             extra={"parity_max_abs_diff": diffs},
         )
+        self.admission.ready = True
+
+    def settle(self) -> None:
+        """After a load (poll, the repository API): a worker whose start left models failing becomes ready once
+        each of them serves or has left the repository, as Triton's strict readiness does; until then readiness
+        names those still failing."""
+        if not self.admission.started or self.admission.ready:
+            return
+        on_disk = set(self.control.repository.names())
+        failing = {n: r for n, r in self.failed_at_start.items() if n not in self.runtime.serving and n in on_disk}
+        if failing:
+            self.admission.not_ready_reason = f"model check failed: {'; '.join(failing.values())}"
+            return
+        log.info("ready: every model that failed at start now serves")
         self.admission.ready = True
 
     def _not_ready(self, reason: str) -> None:

@@ -307,3 +307,24 @@ def test_poll_logs_each_failure_with_the_model_and_the_reason(repository: Path, 
         }
         _assert_failed_cleanly(server)
         assert httpx.get(f"{server.base}/v2/health/ready", timeout=30).status_code == 200
+
+
+def test_a_server_whose_start_failed_is_ready_once_poll_loads_the_fixed_version(
+    repository: Path, tmp_path: Path
+) -> None:
+    build_broken(repository)
+    broken = [n for n in NAMES if n != "broken-garbage-onnx"]
+    for name in broken:  # one broken model left: the one fixed below
+        shutil.rmtree(repository / name)
+    env = _env(repository, NORMSERVE_MODEL_CONTROL="poll", NORMSERVE_POLL_INTERVAL_S="0.2")
+    with grpc_server(tmp_path, env, wait_ready=False) as server:
+        ready = lambda: httpx.get(f"{server.base}/v2/health/ready", timeout=30)  # noqa: E731
+        _until(lambda: "model check failed" in ready().text)
+        reason = REASONS["broken-garbage-onnx"]
+        assert ready().json() == {"ready": False, "error": f"not ready: model check failed: {reason}"}
+        staging = repository / ".fixed"
+        shutil.copytree(MODELS / "layernorm", staging)
+        shutil.rmtree(repository / "broken-garbage-onnx")
+        staging.rename(repository / "broken-garbage-onnx")  # the version as exported, whole
+        _until(lambda: ready().status_code == 200)
+        assert _index(server)["broken-garbage-onnx"] == ("READY", "")

@@ -76,6 +76,7 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
         self._admin(context)
         name = self._control(request, "load", call)
         await asyncio.to_thread(self.worker.control.load, name)
+        self.worker.settle()
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: Any, call: Call) -> Any:

@@ -68,6 +68,7 @@ async def load(name: str, request: Request, worker: Worker) -> Response:
     await _admin_body(request, worker, {})
     worker.control.check_explicit("load", check_name(name))
     models = await anyio.to_thread.run_sync(worker.control.load, name)
+    worker.settle()
     serving = sorted(worker.runtime.serving.get(name, {}))
     return json_response({"name": name, "loaded": [m.version for m in models], "serving": [str(v) for v in serving]})
 
