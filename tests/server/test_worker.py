@@ -594,3 +594,15 @@ def test_past_the_request_timeout_is_504_and_the_worker_serves_on(one_at_a_time:
     assert timed_out.json()["error"] == "inference took longer than 0.5 s (NORMSERVE_REQUEST_TIMEOUT_S)"
     assert after.status_code == 200
     np.testing.assert_allclose(after.json()["output"], SEED003.output[0], atol=1e-4)
+
+
+def test_a_start_that_left_a_model_failing_is_ready_once_that_model_loads(tmp_path: Path) -> None:
+    models = broken_copy(tmp_path, "tampered")
+    worker = Worker(Settings(model_dir=models, model_control="explicit", admin_token="t"))
+    worker.start()
+    worker.settle()  # nothing changed: still not ready, for the same reason
+    assert (worker.admission.ready, worker.admission.not_ready_reason) == (False, not_ready_reason(models, "tampered"))
+    shutil.copy(MODELS / "layernorm/1/model.onnx", models / "layernorm/1/model.onnx")  # the file as exported
+    worker.control.load("layernorm")
+    worker.settle()
+    assert worker.admission.ready and worker.model("layernorm").name == "layernorm"
