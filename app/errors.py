@@ -9,7 +9,7 @@
     ├── ModelNotFound (LookupError)      unknown model or version           404
     ├── ModelControlDisabled             repository load/unload: no explicit model control   403
     ├── Unauthorized                     admin route without the bearer token   401
-    ├── Forbidden                        admin route with a wrong token     403
+    ├── Forbidden                        admin route: wrong token, or none configured   403
     ├── ModelLoadFailed                  a load through the repository API failed   400
     ├── ExtensionNotSupported            a Triton extension normserve has not (shared memory)   400, gRPC UNIMPLEMENTED
     ├── Overloaded                       over max_in_flight                 503 + Retry-After
@@ -67,7 +67,7 @@ class Unauthorized(NormserveError):
 
 
 class Forbidden(NormserveError):
-    """An admin route with a token that is not NORMSERVE_ADMIN_TOKEN."""
+    """An admin route with a token that is not NORMSERVE_ADMIN_TOKEN, or with none configured (closed)."""
 
 
 class ModelLoadFailed(NormserveError):

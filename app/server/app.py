@@ -42,7 +42,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         worker.sync = modelsync.ModelSync(worker.control, group.shared_dir())
     starting = asyncio.create_task(asyncio.to_thread(worker.start))  # liveness answers meanwhile
     polling = asyncio.create_task(poll(worker, starting)) if worker.settings.model_control == "poll" else None
-    watching = asyncio.create_task(modelsync.watch(worker.sync, starting)) if worker.sync is not None else None
+    watching = asyncio.create_task(modelsync.watch(worker.sync, starting, worker.settle)) if worker.sync else None
     worker.drain.install()  # SIGTERM: not ready at once, in-flight requests finish, then uvicorn's shutdown
     async with grpc_server.serving(worker):  # gRPC on NORMSERVE_GRPC_PORT in this worker, stopped with a grace
         yield
@@ -65,6 +65,7 @@ async def poll(worker: Worker, starting: asyncio.Task[None]) -> None:
         await asyncio.sleep(worker.settings.poll_interval_s)
         try:
             await asyncio.to_thread(worker.control.poll)
+            worker.settle()
         except Exception:  # a folder half written or gone: the next scan sees it again, the loop must go on
             log.exception("poll: scanning %s failed", worker.settings.model_dir)
 

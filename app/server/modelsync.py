@@ -199,8 +199,9 @@ class ModelSync:
             yield
 
 
-async def watch(sync: ModelSync, starting: asyncio.Task[None]) -> None:
-    """After start-up: apply each generation another worker publishes, within WATCH_INTERVAL_S."""
+async def watch(sync: ModelSync, starting: asyncio.Task[None], settle: Callable[[], None]) -> None:
+    """After start-up: apply each generation another worker publishes, within WATCH_INTERVAL_S, then settle
+    readiness (a model that failed at start may serve now)."""
     await starting
     while True:
         await asyncio.sleep(WATCH_INTERVAL_S)
@@ -208,5 +209,6 @@ async def watch(sync: ModelSync, starting: asyncio.Task[None]) -> None:
             continue
         try:
             await asyncio.to_thread(sync.catch_up)
+            settle()
         except Exception:  # a state file half gone with its folder: the next change is read again, the loop goes on
             log.exception("applying the server's model state from %s failed", sync.folder)

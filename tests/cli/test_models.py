@@ -91,7 +91,7 @@ def test_a_failed_load_exits_1_with_the_reason(server: str, repository: Path) ->
         assert out.returncode == 1
         assert out.stderr.startswith(
             f"normserve models: error: POST {server}/v2/repository/models/layernorm/load: HTTP 400: failed to load "
-            f"model 'layernorm': {folder}/model.onnx: sha256 "
+            f"model 'layernorm': {folder.relative_to(repository)}/model.onnx: sha256 "
         )
     finally:
         shutil.rmtree(folder)

@@ -16,7 +16,19 @@ import pytest
 from app.core.dataplane import Fields, ModelInfo
 from app.core.encoder import EncoderModel
 from app.core.layernorm import LayerNormModel
-from app.core.model import PLATFORM, Loaded, Model, ModelLoadError, TensorSpec, sha256_of, verify, version_sha256
+from app.core.model import (
+    PLATFORM,
+    Loaded,
+    Model,
+    ModelLoadError,
+    TensorSpec,
+    describe,
+    positive_float,
+    positive_int,
+    sha256_of,
+    verify,
+    version_sha256,
+)
 from app.core.runtime import Runtime
 from app.errors import InvalidInput
 from app.server.api.v2.codec import FIELDS as V2_FIELDS
@@ -215,3 +227,49 @@ def test_check_tensors_refuses_a_missing_required_input(
 def test_check_tensors_accepts_the_required_inputs_alone(runtime: Runtime, model_name: str) -> None:
     model: Model = runtime.get(model_name)
     model.check_tensors({"input": np.zeros(1)}, Fields())
+
+
+# ---- load-time checks of a manifest's config ---------------------------------------------------------------------
+
+WHERE = Path("m/1/manifest.json")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (0, "m/1/manifest.json: config.d_model 0; expected a positive integer"),
+        (-3, "m/1/manifest.json: config.d_model -3; expected a positive integer"),
+        (True, "m/1/manifest.json: config.d_model True; expected a positive integer"),
+        (2.0, "m/1/manifest.json: config.d_model 2.0; expected a positive integer"),
+        (None, "m/1/manifest.json: config.d_model None; expected a positive integer"),
+    ],
+)
+def test_a_size_that_is_not_a_positive_integer_is_a_load_error_naming_the_field(value: object, message: str) -> None:
+    with pytest.raises(ModelLoadError) as e:
+        positive_int({"d_model": value}, "d_model", WHERE)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("value", [0, -1e-5, float("inf"), float("nan"), "1e-5", False])
+def test_an_eps_that_is_not_positive_and_finite_is_a_load_error(value: object) -> None:
+    with pytest.raises(ModelLoadError) as e:
+        positive_float({"eps": value}, "eps", WHERE, 1e-5)
+    assert str(e.value) == f"m/1/manifest.json: config.eps {value!r}; expected a positive finite number"
+
+
+def test_an_absent_eps_is_the_default() -> None:
+    assert positive_float({}, "eps", WHERE, 1e-5) == 1e-5
+
+
+@pytest.mark.parametrize(
+    ("error", "text"),
+    [
+        (RecursionError("maximum recursion depth exceeded"), "nested too deeply"),
+        (KeyError("layers.0.norm1.weight"), "KeyError: 'layers.0.norm1.weight'"),
+        (ZeroDivisionError(), "ZeroDivisionError"),
+        (ValueError("x" * 1000), "ValueError: " + "x" * 299 + "…"),
+    ],
+    ids=["recursion", "key", "no-text", "long"],
+)
+def test_an_unexpected_load_error_is_described_by_its_class_and_300_characters(error: Exception, text: str) -> None:
+    assert describe(error) == text

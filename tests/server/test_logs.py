@@ -250,3 +250,23 @@ def test_not_ready_is_logged_as_an_error_with_its_reason(tmp_path: Path) -> None
     (line,) = [d for d in server.lines() if d["msg"].startswith("not ready")]
     assert (line["level"], line["logger"], line["reason"]) == ("error", "normserve", reason)
     assert line["msg"] == "not ready: " + reason.removeprefix("model check failed: ")
+
+
+@pytest.mark.parametrize(
+    ("text", "escaped"),
+    [
+        ("/a\u2028b", "/a\\u2028b"),
+        ("/a\u2029b", "/a\\u2029b"),
+        ("/a\x85b", "/a\\u0085b"),
+        ("/nowhere\u202eexe.txt", "/nowhere\\u202eexe.txt"),
+        ("/tag\U000e0041", "/tag\\udb40\\udc41"),
+        ("/plain é ü", "/plain é ü"),
+    ],
+    ids=["line-separator", "paragraph-separator", "next-line", "bidi-override", "astral-tag", "printable-kept"],
+)
+def test_a_record_is_one_printable_line_that_parses_back_to_the_same_text(text: str, escaped: str) -> None:
+    rec = logging.LogRecord("normserve.access", logging.INFO, __file__, 1, "request", None, None)
+    rec.path = text
+    line = logs.JsonFormatter().format(rec)
+    assert line.splitlines() == [line] and line.isprintable()
+    assert f'"path":"{escaped}"' in line and json.loads(line)["path"] == text

@@ -33,9 +33,11 @@ def test_bad_model_dir_keeps_server_live_but_not_ready(tmp_path: Path, how: str)
             time.sleep(0.05)
         assert r.status_code == 503 and r.json()["error"] == f"not ready: {reason}"
         assert r.headers["retry-after"] == "1"
-        inf = c.post("/normalize", json={"data": [1.0, 2.0]})
+        broken, working = ("encoder", "layernorm") if how == "missing" else ("layernorm", "encoder")
+        inf = c.get(f"/v2/models/{broken}")
         assert inf.status_code == 503 and inf.headers["retry-after"] == "1"
         assert inf.json()["error"] == f"server is not ready: {reason}"
+        assert c.get(f"/v2/models/{working}").status_code == 200  # the models that loaded serve
 
 
 @pytest.mark.parametrize(

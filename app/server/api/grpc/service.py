@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2 as pb
 from app.core.model import Model
 from app.core.repository import check_name
 from app.errors import ExtensionNotSupported, InvalidInput, ModelNotFound, NotReady
-from app.server.api.admin import check_token
+from app.server.api.admin import check_token, grpc_values
 from app.server.api.grpc import calls, codec, messages, wire
 from app.server.api.grpc.calls import Call
 from app.server.api.grpc.control import ControlRPCs
@@ -101,8 +101,7 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
         return pb.RepositoryModelUnloadResponse()
 
     def _admin(self, context: Any) -> None:
-        metadata = dict(context.invocation_metadata() or ())
-        check_token(metadata.get("authorization"), self.worker.settings)
+        check_token(grpc_values(context), self.worker.settings)
 
     def _control(self, request: Any, action: str, call: Call) -> str:
         name = check_name(request.model_name, "model_name")

@@ -31,7 +31,7 @@ router = APIRouter(tags=["v2 repository"], route_class=DirectRoute)
 
 async def _admin_body(request: Request, worker: Worker, allowed: dict[str, type]) -> dict[str, Any]:
     """The token, then the optional JSON body: an object whose fields and parameters are the allowed ones."""
-    check_token(request.headers.get("authorization"), worker.settings)
+    check_token(request.headers.getlist("authorization"), worker.settings)
     body = await read_body(request, worker.settings)
     doc = loads(body, "body") if body.strip() else {}
     if not isinstance(doc, dict):

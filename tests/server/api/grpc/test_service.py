@@ -34,7 +34,7 @@ from benchmarks.servers import ensure_peer_venv, peer_venv
 from tests.live_server import MODELS as MODEL_DIR
 from tests.live_server import ROOT
 from tests.server import prometheus
-from tests.server.api.grpc.live import GrpcServer
+from tests.server.api.grpc.live import ADMIN, GrpcServer
 
 ENCODERS = ["encoder", "encoder-preln"]
 MODELS = ["encoder", "encoder-preln", "layernorm"]
@@ -133,7 +133,7 @@ def test_model_config_is_tritons_with_the_models_tensors(
 
 
 def test_repository_index_lists_every_model_ready(triton: tg.InferenceServerClient) -> None:
-    index = triton.get_model_repository_index(as_json=True)
+    index = triton.get_model_repository_index(headers=ADMIN, as_json=True)
     assert index == {"models": [{"name": m, "version": "1", "state": "READY"} for m in MODELS]}
 
 
@@ -143,7 +143,7 @@ def test_repository_load_and_unload_are_denied_without_explicit_model_control(
 ) -> None:
     call = triton.load_model if action == "load" else triton.unload_model
     with pytest.raises(InferenceServerException) as e:
-        call("layernorm")
+        call("layernorm", headers=ADMIN)
     assert e.value.status() == "StatusCode.PERMISSION_DENIED"
     assert e.value.message() == (
         f"cannot {action} model 'layernorm': NORMSERVE_MODEL_CONTROL is 'none'; the repository API loads and "
