@@ -136,7 +136,7 @@ def test_a_failed_load_changes_nothing_on_any_worker_and_every_index_says_why(re
     broken.write_bytes(b"not the weights")
     r = control(server, "load", "ln")
     listed = json.loads((broken.parent / "manifest.json").read_text())["files"]["weights.npz"]
-    reason = f"{broken}: sha256 {sha256_of(broken)} does not match the manifest's {listed}"
+    reason = f"{broken.relative_to(repository)}: sha256 {sha256_of(broken)} does not match the manifest's {listed}"
     assert (r.status_code, r.json()) == (400, {"error": f"failed to load model 'ln': {reason}"})
     assert versions(server.base, "ln") == {(200, ("1",))}
     assert index(server.base)[1:] == [("ln", "1", "READY", ""), ("ln", "2", "UNAVAILABLE", reason)]
