@@ -12,6 +12,7 @@
     ├── Forbidden                        admin route with a wrong token     403
     ├── ModelLoadFailed                  a load through the repository API failed   400
     ├── Overloaded                       over max_in_flight                 503 + Retry-After
+    │   └── BudgetExhausted              over max_inflight_bytes            503 + Retry-After (RESOURCE_EXHAUSTED)
     ├── NotReady                         models not verified, or draining   503 + Retry-After
     └── Timeout (TimeoutError)           past request_timeout_s             504
 
@@ -75,6 +76,10 @@ class ModelLoadFailed(NormserveError):
 
 class Overloaded(NormserveError):
     """More requests in flight than the worker allows."""
+
+
+class BudgetExhausted(Overloaded):
+    """More request body bytes in flight than the worker allows (gRPC answers it RESOURCE_EXHAUSTED)."""
 
 
 class NotReady(NormserveError):

@@ -20,7 +20,15 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from app.errors import MalformedBody, NormserveError, status_for
+from app.errors import (
+    RETRY_AFTER_S,
+    BudgetExhausted,
+    MalformedBody,
+    NormserveError,
+    NotReady,
+    Overloaded,
+    status_for,
+)
 from app.server import logs, metrics, observability, tracing
 from app.server.api.errors import printable
 from app.server.api.grpc import wire
@@ -78,7 +86,14 @@ def decoded(request: Any) -> Any:
 
 
 def code_for(exc: NormserveError) -> grpc.StatusCode:
+    if isinstance(exc, BudgetExhausted):  # a 503 over HTTP; over gRPC, the memory it names is the resource
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     return CODES.get(status_for(exc, v2=True), grpc.StatusCode.INTERNAL)
+
+
+def retry_after(exc: BaseException) -> tuple[tuple[str, str], ...]:
+    """The `retry-after` trailing metadata of a refusal a client should retry (HTTP's Retry-After header)."""
+    return (("retry-after", str(RETRY_AFTER_S)),) if isinstance(exc, (Overloaded, NotReady)) else ()
 
 
 def incoming_id(context: Any, request_id: str = "") -> str:
@@ -180,7 +195,7 @@ def unary(service: str, method: str, fn: Unary) -> Callable[[Any, Any], Awaitabl
             message = call.failed(exc, context)
             if message is None:
                 raise
-            await context.abort(call.code, message, trailing_metadata=trailer)
+            await context.abort(call.code, message, trailing_metadata=trailer + retry_after(exc))
         finally:
             call.finish()
 

@@ -171,4 +171,5 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
 
         job = staged(timer, decode, lambda req, result: codec.encode(model, req, result))
         inline = call.bytes_in <= INLINE_BODY_BYTES and getattr(model, "batcher", None) is None  # no thread hop
-        return await self.worker.infer(timer, job, inline=inline, deadline_s=context.time_remaining())
+        async with self.worker.budget.hold(call.bytes_in):  # grpc has buffered it: counted at once (budget.py)
+            return await self.worker.infer(timer, job, inline=inline, deadline_s=context.time_remaining())
