@@ -66,12 +66,13 @@ class Undecodable:
         return MalformedBody(f"not a valid {self.type_name} ({self.reason})", "request")
 
 
-def decoder(message_type: Any) -> Callable[[bytes], Any]:
-    """The request deserializer of an RPC: the message, or Undecodable."""
+def decoder(message_type: Any, parse: Callable[[bytes], Any] | None = None) -> Callable[[bytes], Any]:
+    """The request deserializer of an RPC: the message (by parse, else protobuf's), or Undecodable."""
+    parse = parse or message_type.FromString
 
     def decode(data: bytes) -> Any:
         try:
-            return message_type.FromString(data)
+            return parse(data)
         except DecodeError as e:
             return Undecodable(message_type.DESCRIPTOR.full_name, len(data), str(e))
 

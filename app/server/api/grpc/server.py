@@ -11,7 +11,10 @@ so every RPC of `inference.GRPCInferenceService` is routed: the implemented ones
 app/server/api/grpc/service.py (trace and log settings: control.py), the others (shared memory) to UNIMPLEMENTED.
 ModelInfer and ModelStreamInfer get wire.py's serializers, which append raw outputs without copies.
 Messages larger than NORMSERVE_MAX_BODY_BYTES, also after decompression, are refused by grpc itself
-with RESOURCE_EXHAUSTED before any handler runs.
+with RESOURCE_EXHAUSTED before any handler runs. A connection that completes no handshake within
+NORMSERVE_HEADER_TIMEOUT_S is closed, as is one idle for IDLE_MS; connections are limited as HTTP's are
+(app/server/heads.py), streams per connection and RPCs at once too, which bounds the messages grpc
+buffers before the budget of body bytes in flight counts them (app/server/budget.py).
 """
 
 from __future__ import annotations
@@ -27,26 +30,38 @@ import grpc
 from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2 as pb
 
+from app.server import heads
 from app.server.api.grpc import calls, health, service, wire
 from app.server.worker import Worker
+from app.settings import Settings
 
 log = logging.getLogger("normserve.lifecycle")
 MIN_GRACE_S = 1.0
+IDLE_MS = 300_000  # a connection with no RPC for 5 minutes gets GOAWAY; clients reconnect when they need to
+MAX_STREAMS = 16  # RPCs at once on one connection (a client's channel queues the others)
+RPC_HEADROOM = 16  # RPCs at once beyond NORMSERVE_MAX_IN_FLIGHT: health checks, streams
 SERIALIZERS: dict[str, Callable[[Any], bytes]] = {
     "ModelInfer": wire.serialize_infer,
     "ModelStreamInfer": wire.serialize_stream,
 }
+PARSERS: dict[str, Callable[[bytes], Any]] = {"ModelInfer": wire.parse_infer, "ModelStreamInfer": wire.parse_infer}
 
 
 def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def options(max_message_bytes: int) -> list[tuple[str, int]]:
+def options(settings: Settings) -> list[tuple[str, int]]:
     return [
         ("grpc.so_reuseport", 1),  # every worker binds the port (module docstring)
-        ("grpc.max_receive_message_length", max_message_bytes),  # NORMSERVE_MAX_BODY_BYTES, decompressed too
+        ("grpc.max_receive_message_length", settings.max_body_bytes),  # decompressed too
         ("grpc.max_send_message_length", -1),  # answers are bounded by the inputs' limits, as over HTTP
+        # Connections that sent nothing, or never an RPC, were never closed (issue 22): as HTTP's head deadline.
+        ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * 1000)),
+        ("grpc.max_connection_idle_ms", IDLE_MS),
+        ("grpc.max_allowed_incoming_connections", heads.connection_limit(settings)),
+        # Messages grpc buffers before a handler can count them in NORMSERVE_MAX_INFLIGHT_BYTES (budget.py).
+        ("grpc.max_concurrent_streams", MAX_STREAMS),
     ]
 
 
@@ -62,7 +77,7 @@ def handlers(descriptor: Any, messages: ModuleType, impl: object) -> dict[str, g
         response_type = getattr(messages, method.output_type.name)
         fn: Any = getattr(impl, method.name, _unimplemented)
         kw = {
-            "request_deserializer": calls.decoder(request_type),
+            "request_deserializer": calls.decoder(request_type, PARSERS.get(method.name)),
             "response_serializer": SERIALIZERS.get(method.name, response_type.SerializeToString),
         }
         name = descriptor.full_name
@@ -85,7 +100,10 @@ def _register(server: grpc.aio.Server, name: str, table: Mapping[str, grpc.RpcMe
 
 def build(worker: Worker) -> tuple[grpc.aio.Server, service.InferenceService, health.HealthService]:
     inference, checks = service.InferenceService(worker), health.HealthService(worker.admission)
-    server = grpc.aio.server(options=options(worker.settings.max_body_bytes))
+    settings = worker.settings
+    # Past the in-flight limit RPCs are refused anyway; the headroom keeps health checks and streams answered.
+    limit = settings.max_in_flight + RPC_HEADROOM
+    server = grpc.aio.server(options=options(settings), maximum_concurrent_rpcs=limit)
     inference_service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     _register(server, inference_service.full_name, handlers(inference_service, pb, inference))
     health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
