@@ -10,7 +10,8 @@ than the whole budget is admitted alone, when nothing else is counted.
 
 `BudgetMiddleware` counts an HTTP body when the route starts reading it (a route that never reads it,
 a 404, holds none of it: uvicorn stops reading at 64 KiB) and gives the bytes back when the answer is
-sent; the gRPC handlers use `Budget.hold` around the call.
+sent; the gRPC handlers use `Budget.hold` around the call. grpc reads a message whole before any handler
+runs, so there the bound is grpc's: RPCs at once and their message size (app/server/api/grpc/server.py).
 """
 
 from __future__ import annotations
@@ -74,6 +75,16 @@ class Budget:
         )
 
 
+async def _discard(receive: Receive) -> None:
+    """Read a refused body to its end, keeping none of it: a client still sending its body reads no early
+    answer (httpx: ReadError), so the 503 goes out after it, on a connection that stays open. The route's
+    NORMSERVE_BODY_TIMEOUT_S bounds how long that takes."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            return
+
+
 def content_length(scope: Scope) -> int | None:
     for key, value in scope["headers"]:
         if key == b"content-length":
@@ -99,7 +110,11 @@ class BudgetMiddleware:
         async def receiving() -> Message:
             nonlocal counted, seen
             if counted == 0 and announced:  # first read: the whole announced length, before any of it is read
-                await budget.take(announced)
+                try:
+                    await budget.take(announced)
+                except BudgetExhausted:
+                    await _discard(receive)
+                    raise
                 counted = announced
             message = await receive()
             seen += len(message.get("body", b""))
