@@ -18,6 +18,7 @@ from tritonclient.grpc import service_pb2 as pb
 from app.core.model import Model
 from app.core.repository import check_name
 from app.errors import InvalidInput
+from app.server import budget
 from app.server.api.admin import check_token
 from app.server.api.grpc import calls, codec, messages, wire
 from app.server.api.grpc.calls import Call
@@ -172,4 +173,5 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
         job = staged(timer, decode, lambda req, result: codec.encode(model, req, result))
         inline = call.bytes_in <= INLINE_BODY_BYTES and getattr(model, "batcher", None) is None  # no thread hop
         async with self.worker.budget.hold(call.bytes_in):  # grpc has buffered it: counted at once (budget.py)
+            await budget.trim_heap(call.bytes_in)
             return await self.worker.infer(timer, job, inline=inline, deadline_s=context.time_remaining())
