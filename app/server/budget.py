@@ -31,7 +31,6 @@ from app.errors import BudgetExhausted
 # How long a request waits for room before its 503: long enough for a big body ahead of it to be answered
 # (a 61 MiB binary request takes ~0.3 s), short against any client's timeout.
 WAIT_S = 1.0
-POLL_S = 0.01
 # A body past this is followed by trim_heap (below).
 TRIM_AFTER_BYTES = 8 * 2**20
 
@@ -42,27 +41,41 @@ class Budget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
+        self._waiting: list[asyncio.Future[None]] = []
 
     def fits(self, n: int) -> bool:
         return self.used + n <= self.limit or self.used == 0
 
-    async def take(self, n: int, wait_s: float = WAIT_S) -> None:
-        """Count n bytes, waiting up to wait_s for room; BudgetExhausted after that."""
+    async def take(self, n: int, wait_s: float = WAIT_S, what: str = "") -> None:
+        """Count n bytes, waiting up to wait_s for room; BudgetExhausted after that (naming them as `what`)."""
         deadline = time.monotonic() + wait_s
         while not self.fits(n):
-            if time.monotonic() >= deadline:
-                raise self._exhausted(n)
-            await asyncio.sleep(POLL_S)  # no queue: a request that fits goes ahead of one that waits
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._exhausted(what or f"{n} more bytes")
+            woken = asyncio.get_running_loop().create_future()
+            self._waiting.append(woken)
+            try:
+                await asyncio.wait_for(woken, remaining)  # no queue: whoever fits first goes first
+            except TimeoutError:
+                pass
+            finally:
+                if woken in self._waiting:
+                    self._waiting.remove(woken)
         self.used += n
 
     def grow(self, n: int) -> None:
         """Count n more bytes of a body already being read, at once or BudgetExhausted (no waiting mid-body)."""
         if self.used + n > self.limit:
-            raise self._exhausted(n)
+            raise self._exhausted(f"{n} more bytes")
         self.used += n
 
     def give(self, n: int) -> None:
         self.used -= n
+        waiting, self._waiting = self._waiting, []
+        for woken in waiting:
+            if not woken.done():
+                woken.set_result(None)
 
     @asynccontextmanager
     async def hold(self, n: int) -> AsyncIterator[None]:
@@ -73,9 +86,9 @@ class Budget:
         finally:
             self.give(n)
 
-    def _exhausted(self, n: int) -> BudgetExhausted:
+    def _exhausted(self, what: str) -> BudgetExhausted:
         return BudgetExhausted(
-            f"{n} more bytes would pass the limit of {self.limit} bytes of request bodies in flight"
+            f"{what} would pass the limit of {self.limit} bytes of request bodies in flight"
             f" ({self.used} now, NORMSERVE_MAX_INFLIGHT_BYTES); retry shortly"
         )
 

@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 
 from app.errors import (
     RETRY_AFTER_S,
+    BodyTimeout,
     BudgetExhausted,
     MalformedBody,
     NormserveError,
@@ -32,11 +33,13 @@ from app.errors import (
 from app.server import logs, metrics, observability, tracing
 from app.server.api.errors import printable
 from app.server.api.grpc import wire
+from app.server.budget import Budget
 
 log = logging.getLogger("normserve.errors")
 REQUEST_ID = "x-request-id"
 CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
     401: grpc.StatusCode.UNAUTHENTICATED,
     403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
@@ -66,6 +69,47 @@ class Undecodable:
         return MalformedBody(f"not a valid {self.type_name} ({self.reason})", "request")
 
 
+@dataclass(frozen=True)
+class Refused:
+    """A request turned away before grpc read its message (see gated): the handler answers with its error."""
+
+    exc: NormserveError
+    id: str = ""
+
+    def ByteSize(self) -> int:  # noqa: N802 (a protobuf message's method, for begin())
+        return 0
+
+    def error(self) -> NormserveError:
+        return self.exc
+
+
+def gated(budget: Budget, reserve: int, timeout_s: float, handle: Callable[[Any, Any], Awaitable[Any]]) -> Any:
+    """A unary handler, registered as client-streaming (the same wire), that reads its one message only once the
+    budget has room for the largest one (reserve), then counts its real size (service.py): grpc reads a unary
+    RPC's message whole before its handler runs, so 8 concurrent 61 MiB calls were all in memory at once.
+    The message must arrive within timeout_s (NORMSERVE_BODY_TIMEOUT_S), as an HTTP body must: a trickled one
+    would hold its room in the budget for as long as its client liked."""
+
+    async def read_then_handle(requests: Any, context: Any) -> Any:
+        try:
+            await budget.take(reserve, what=f"a message of up to {reserve} bytes (NORMSERVE_MAX_BODY_BYTES)")
+        except BudgetExhausted as exc:
+            return await handle(Refused(exc), context)
+        try:
+            async with asyncio.timeout(timeout_s):
+                request = await anext(aiter(requests), None)
+        except TimeoutError:
+            limit = f"{timeout_s:g} s (NORMSERVE_BODY_TIMEOUT_S)"
+            return await handle(Refused(BodyTimeout(f"did not arrive in full within {limit}", "request")), context)
+        finally:
+            budget.give(reserve)
+        return await handle(
+            Undecodable("inference.ModelInferRequest", 0, "no message") if request is None else request, context
+        )
+
+    return read_then_handle
+
+
 def decoder(message_type: Any, parse: Callable[[bytes], Any] | None = None) -> Callable[[bytes], Any]:
     """The request deserializer of an RPC: the message (by parse, else protobuf's), or Undecodable."""
     parse = parse or message_type.FromString
@@ -81,7 +125,7 @@ def decoder(message_type: Any, parse: Callable[[bytes], Any] | None = None) -> C
 
 def decoded(request: Any) -> Any:
     """The request, or the MalformedBody of one that did not parse."""
-    if isinstance(request, Undecodable):
+    if isinstance(request, (Undecodable, Refused)):
         raise request.error()
     return request
 

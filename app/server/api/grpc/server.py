@@ -32,6 +32,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from app.server import heads
 from app.server.api.grpc import calls, health, service, wire
+from app.server.budget import Budget
 from app.server.worker import Worker
 from app.settings import Settings
 
@@ -44,6 +45,7 @@ SERIALIZERS: dict[str, Callable[[Any], bytes]] = {
     "ModelInfer": wire.serialize_infer,
     "ModelStreamInfer": wire.serialize_stream,
 }
+GATED = {"ModelInfer"}  # read only once the budget has room (calls.gated); a stream's messages count as they come
 PARSERS: dict[str, Callable[[bytes], Any]] = {"ModelInfer": wire.parse_infer, "ModelStreamInfer": wire.parse_infer}
 
 
@@ -69,8 +71,11 @@ async def _unimplemented(request: Any, context: Any, call: calls.Call) -> Any:
     await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"normserve does not implement {call.method}")
 
 
-def handlers(descriptor: Any, messages: ModuleType, impl: object) -> dict[str, grpc.RpcMethodHandler]:
-    """A handler for every RPC of a service descriptor, wrapped by calls.py; UNIMPLEMENTED where impl has none."""
+def handlers(
+    descriptor: Any, messages: ModuleType, impl: object, settings: Settings | None = None, budget: Budget | None = None
+) -> dict[str, grpc.RpcMethodHandler]:
+    """A handler for every RPC of a service descriptor, wrapped by calls.py; UNIMPLEMENTED where impl has none.
+    With a budget, ModelInfer reads its message only once NORMSERVE_MAX_BODY_BYTES fit in it (calls.gated)."""
     table: dict[str, grpc.RpcMethodHandler] = {}
     for method in descriptor.methods:
         request_type = getattr(messages, method.input_type.name)
@@ -81,7 +86,11 @@ def handlers(descriptor: Any, messages: ModuleType, impl: object) -> dict[str, g
             "response_serializer": SERIALIZERS.get(method.name, response_type.SerializeToString),
         }
         name = descriptor.full_name
-        if not method.server_streaming:
+        if method.name in GATED and budget is not None and settings is not None:
+            unary = calls.unary(name, method.name, fn)
+            gate = calls.gated(budget, settings.max_body_bytes, settings.body_timeout_s, unary)
+            table[method.name] = grpc.stream_unary_rpc_method_handler(gate, **kw)
+        elif not method.server_streaming:
             table[method.name] = grpc.unary_unary_rpc_method_handler(calls.unary(name, method.name, fn), **kw)
         elif method.client_streaming:  # ModelStreamInfer: each message is counted as its own call (service.py)
             wrapped = calls.streaming(name, method.name, fn, count=False)
@@ -105,7 +114,8 @@ def build(worker: Worker) -> tuple[grpc.aio.Server, service.InferenceService, he
     limit = settings.max_in_flight + RPC_HEADROOM
     server = grpc.aio.server(options=options(settings), maximum_concurrent_rpcs=limit)
     inference_service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    _register(server, inference_service.full_name, handlers(inference_service, pb, inference))
+    table = handlers(inference_service, pb, inference, settings, worker.budget)
+    _register(server, inference_service.full_name, table)
     health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
     _register(server, health_service.full_name, handlers(health_service, health_pb2, checks))
     return server, inference, checks
