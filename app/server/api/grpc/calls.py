@@ -85,7 +85,7 @@ class Refused:
 
 def gated(budget: Budget, reserve: int, timeout_s: float, handle: Callable[[Any, Any], Awaitable[Any]]) -> Any:
     """A unary handler, registered as client-streaming (the same wire), that reads its one message only once the
-    budget has room for the largest one (reserve), then counts its real size (service.py): grpc reads a unary
+    budget has room for the largest one (reserve), then counts its real size until the call ends: grpc reads a unary
     RPC's message whole before its handler runs, so 8 concurrent 61 MiB calls were all in memory at once.
     The message must arrive within timeout_s (NORMSERVE_BODY_TIMEOUT_S), as an HTTP body must: a trickled one
     would hold its room in the budget for as long as its client liked."""
@@ -99,10 +99,16 @@ def gated(budget: Budget, reserve: int, timeout_s: float, handle: Callable[[Any,
             async with asyncio.timeout(timeout_s):
                 request = await anext(aiter(requests), None)
         except TimeoutError:
+            budget.give(reserve)
             limit = f"{timeout_s:g} s (NORMSERVE_BODY_TIMEOUT_S)"
             return await handle(Refused(BodyTimeout(f"did not arrive in full within {limit}", "request")), context)
-        finally:
+        except BaseException:
             budget.give(reserve)
+            raise
+        # Its real size stays counted until the call ends: grpc holds the message while it sends the answer.
+        size = 0 if request is None else int(request.ByteSize())
+        budget.give(reserve - size)
+        context.add_done_callback(lambda _: budget.give(size))
         return await handle(
             Undecodable("inference.ModelInferRequest", 0, "no message") if request is None else request, context
         )

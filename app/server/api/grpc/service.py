@@ -100,7 +100,7 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
         return name
 
     async def ModelInfer(self, request: Any, context: Any, call: Call) -> wire.Encoded:
-        return await self._infer(request, context, call)
+        return await self._infer(request, context, call, counted=True)  # by calls.gated, until the call ends
 
     async def ModelStreamInfer(self, requests: Any, context: Any, _call: Call) -> AsyncIterator[Any]:
         """One answer per request, in the order sent; up to STREAM_WINDOW of them computed at once.
@@ -160,7 +160,7 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
         call.model = model.name
         return model
 
-    async def _infer(self, request: Any, context: Any, call: Call) -> wire.Encoded:
+    async def _infer(self, request: Any, context: Any, call: Call, counted: bool = False) -> wire.Encoded:
         model = self._model(request.model_name, request.model_version, call)
         timer = InferTimer()  # the request is in memory: grpc has read and parsed it
         timer.model = (model.name, model.version)
@@ -172,6 +172,7 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
 
         job = staged(timer, decode, lambda req, result: codec.encode(model, req, result))
         inline = call.bytes_in <= INLINE_BODY_BYTES and getattr(model, "batcher", None) is None  # no thread hop
-        async with self.worker.budget.hold(call.bytes_in):  # grpc has buffered it: counted at once (budget.py)
+        # A stream's message: grpc has buffered it, counted at once (budget.py) while it is computed.
+        async with self.worker.budget.hold(0 if counted else call.bytes_in):
             await budget.trim_heap(call.bytes_in)
             return await self.worker.infer(timer, job, inline=inline, deadline_s=context.time_remaining())
