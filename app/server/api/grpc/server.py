@@ -64,6 +64,11 @@ def options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.max_allowed_incoming_connections", heads.connection_limit(settings)),
         # Messages grpc buffers before a handler can count them in NORMSERVE_MAX_INFLIGHT_BYTES (budget.py).
         ("grpc.max_concurrent_streams", MAX_STREAMS),
+        # grpc grows each stream's flow-control window to the link's bandwidth-delay product: on loopback,
+        # calls waiting for room in the budget had megabytes each buffered beyond it (32 concurrent 61 MiB
+        # calls at NORMSERVE_MAX_IN_FLIGHT=2: +1,108-1,625 MiB with it, +891-957 without; one such call took
+        # 0.7-1.0 s either way, scripts/peak_memory.py).
+        ("grpc.http2.bdp_probe", 0),
     ]
 
 

@@ -73,6 +73,7 @@ def test_options_share_the_port_and_bound_messages_connections_and_handshakes_by
         "grpc.max_connection_idle_ms": 300_000,
         "grpc.max_allowed_incoming_connections": 7,
         "grpc.max_concurrent_streams": 16,
+        "grpc.http2.bdp_probe": 0,
     }
 
 
