@@ -45,9 +45,6 @@ def session_options(settings: Settings) -> ort.SessionOptions:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 3
-    # No arena: it kept each run's output buffer as resident memory beside the array handed back, and a 61 MiB
-    # gRPC request then peaked at 3.6-4.1x its body instead of 3.3x (scripts/peak_memory.py, docs/reliability.md).
-    opts.enable_cpu_mem_arena = False
     return opts
 
 
