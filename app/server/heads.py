@@ -117,6 +117,11 @@ def guarded(protocol: type[Any], settings: Settings) -> type[Any]:
 
 
 def install(config: Any, settings: Settings) -> None:
-    """Guard the HTTP protocol a uvicorn Config creates from now on; h11's own head limit made larger than ours."""
+    """Guard the HTTP protocol a uvicorn Config creates from now on; h11's own head limit made larger than ours.
+
+    A Config not loaded (a Server that serves nothing, as in tests) has no protocol to guard yet."""
+    protocol = getattr(config, "http_protocol_class", None)
+    if protocol is None:
+        return
     config.h11_max_incomplete_event_size = 2 * MAX_HEAD_BYTES
-    config.http_protocol_class = guarded(config.http_protocol_class, settings)
+    config.http_protocol_class = guarded(protocol, settings)

@@ -44,3 +44,9 @@ def test_the_431_answer_is_json_with_its_exact_length() -> None:
     head, _, body = heads.TOO_LARGE.partition(b"\r\n\r\n")
     assert body == b'{"error":"headers: the request head exceeds 65536 bytes"}'
     assert f"content-length: {len(body)}".encode() in head.split(b"\r\n")
+
+
+def test_install_leaves_a_config_not_loaded_alone() -> None:
+    config = Config("app.main:app")
+    heads.install(config, Settings())
+    assert not hasattr(config, "http_protocol_class")
