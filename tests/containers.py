@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -26,6 +27,7 @@ CONTAINERS_CONF = ROOT / "deploy" / "podman" / "containers.conf"
 # One tag per checkout: test runs of two worktrees on one machine build and run their own code.
 IMAGE = f"normserve:test-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]}"
 PREFIX = f"normserve-test-{os.getpid()}"
+DEBIAN_BASE, PULLED_BASE = "normserve-base:bookworm", "python:3.11-slim"  # scripts/build-image.sh's two bases
 
 
 def _docker_engine() -> str | None:
@@ -42,6 +44,11 @@ PODMAN = ENGINE is not None and os.path.basename(ENGINE) == "podman"
 def env() -> dict[str, str]:
     """The engine's environment: podman's settings for these machines unless CONTAINERS_CONF is set."""
     return {"CONTAINERS_CONF": str(CONTAINERS_CONF), **os.environ} if PODMAN else dict(os.environ)
+
+
+def base_image() -> str:
+    """The base scripts/build-image.sh built the image on: its Debian-package base where it made one."""
+    return DEBIAN_BASE if engine("image", "inspect", DEBIAN_BASE, check=False).returncode == 0 else PULLED_BASE
 
 
 def require_engine() -> str:
@@ -78,6 +85,13 @@ def build_image() -> tuple[str, str]:
     return IMAGE, out.stdout.strip().splitlines()[-1]
 
 
+def build(tag: str, context: Path, *build_args: str) -> None:
+    """Build context's Dockerfile as scripts/build-image.sh builds: podman on the host's network and certificates."""
+    podman = ["--format", "docker", "--network", "host", "-v", "/etc/ssl/certs:/etc/ssl/certs:ro"] if PODMAN else []
+    args = [f"--build-arg={a}" for a in build_args]
+    engine("build", *podman, *args, "-t", tag, str(context), timeout=900)
+
+
 @dataclass(frozen=True)
 class Container:
     name: str
@@ -107,7 +121,7 @@ def container(
     name, port, grpc_port = f"{PREFIX}-{purpose}", free_port(), free_port()
     served = {"NORMSERVE_HOST": "127.0.0.1", "NORMSERVE_PORT": str(port), "NORMSERVE_GRPC_PORT": str(grpc_port)}
     engine("rm", "-f", name, check=False)
-    engine(*run_args(name, {**served, **(environment or {})}, args), IMAGE)
+    engine(*run_args(name, {**(environment or {}), **served}, args), IMAGE)
     try:
         box = Container(name, port, grpc_port)
         if ready:
