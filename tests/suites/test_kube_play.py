@@ -1,0 +1,136 @@
+"""`podman kube play` on deploy/k8s/: the Deployment's pod runs from the built image, its probes pass, it serves.
+
+podman is not a cluster, and the shipped files stay as a cluster needs them; the variant played is made here:
+- the image: the tag this test run built (the shipped `normserve:latest` is what a cluster pulls);
+- the host's network: free ports of 127.0.0.1 in NORMSERVE_HOST/PORT/GRPC_PORT and the probes, and no
+  containerPorts (podman refuses port mappings on the host's network);
+- one replica: two pods on one host network would share ports;
+- names of this run for the Deployment and the claim (podman makes the claim a volume of that name).
+The kinds podman plays are those below; the Service, HorizontalPodAutoscaler and PodDisruptionBudget are a
+cluster's (docs/operations.md lists what a real cluster checks that podman does not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from app.core import reference
+from app.core.seeds import SEED003
+from benchmarks.servers import free_port
+from tests.containers import IMAGE, PREFIX, engine, logs, require_podman, wait_ready
+from tests.live_server import ROOT
+
+pytestmark = pytest.mark.slow
+
+K8S = ROOT / "deploy" / "k8s"
+PLAYED = {"Deployment", "PersistentVolumeClaim", "ConfigMap", "Secret"}
+NAME, CLAIM = f"{PREFIX}-k8s", f"{PREFIX}-models"
+POD_CONTAINER = f"{NAME}-pod-0-normserve"  # podman names a Deployment's pods NAME-pod-N, their containers -NAME
+
+
+def shipped() -> list[dict[str, Any]]:
+    return [d for p in sorted(K8S.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def environment(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container["env"]}
+
+
+def variant(port: int, grpc_port: int) -> list[dict[str, Any]]:
+    """The shipped documents podman plays, changed only as the module's docstring says."""
+    docs = [d for d in shipped() if d["kind"] in PLAYED]
+    for doc in docs:
+        if doc["kind"] == "PersistentVolumeClaim":
+            doc["metadata"]["name"] = CLAIM
+        if doc["kind"] != "Deployment":
+            continue
+        doc["metadata"]["name"], doc["spec"]["replicas"] = NAME, 1
+        pod = doc["spec"]["template"]["spec"]
+        for container in pod["initContainers"] + pod["containers"]:
+            container["image"] = f"localhost/{IMAGE}"
+        for volume in pod["volumes"]:
+            if "persistentVolumeClaim" in volume:
+                volume["persistentVolumeClaim"]["claimName"] = CLAIM
+        (server,) = pod["containers"]
+        env = environment(server)
+        for key, value in (
+            ("NORMSERVE_HOST", "127.0.0.1"),
+            ("NORMSERVE_PORT", port),
+            ("NORMSERVE_GRPC_PORT", grpc_port),
+        ):
+            env[key]["value"] = str(value)
+        del server["ports"]
+        for probe in ("startupProbe", "livenessProbe"):
+            server[probe]["httpGet"]["port"] = port
+        server["readinessProbe"]["grpc"]["port"] = grpc_port
+    return docs
+
+
+@pytest.fixture(scope="module")
+def played(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """The variant played on the host's network: the pod's HTTP base and gRPC address, then everything removed."""
+    require_podman()
+    port, grpc_port = free_port(), free_port()
+    path = tmp_path_factory.mktemp("kube") / "normserve.yaml"
+    path.write_text(yaml.safe_dump_all(variant(port, grpc_port)))
+    try:
+        engine("kube", "play", "--network", "host", str(path), timeout=300)
+        base = f"http://127.0.0.1:{port}"
+        wait_ready(base, POD_CONTAINER)
+        yield base, f"127.0.0.1:{grpc_port}"
+    finally:
+        engine("kube", "down", str(path), check=False)
+        engine("volume", "rm", "-f", CLAIM, check=False)
+
+
+def probes() -> dict[str, dict[str, Any]]:
+    (deployment,) = [d for d in shipped() if d["kind"] == "Deployment"]
+    (server,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {name: server[name] for name in ("startupProbe", "livenessProbe", "readinessProbe")}
+
+
+@pytest.mark.parametrize("probe", ["startupProbe", "livenessProbe"])
+def test_the_deployments_http_probes_pass_on_the_played_pod(played: tuple[str, str], probe: str) -> None:
+    # As the kubelet probes: a GET of the probe's path on the pod's port, from outside the container.
+    r = httpx.get(played[0] + probes()[probe]["httpGet"]["path"], timeout=probes()[probe].get("timeoutSeconds", 1))
+    assert r.status_code == 200, r.text
+
+
+def test_the_deployments_grpc_readiness_probe_passes_on_the_played_pod(played: tuple[str, str]) -> None:
+    # The kubelet's gRPC probe: grpc.health.v1 Check with the probe's service ("" when it names none).
+    service = probes()["readinessProbe"]["grpc"].get("service", "")
+    with grpc.insecure_channel(played[1]) as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=3)
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_the_played_pod_serves_seed_003_from_the_seeded_claim(played: tuple[str, str]) -> None:
+    r = httpx.post(played[0] + "/normalize", json={"data": [list(row) for row in SEED003.x]}, timeout=10)
+    assert r.status_code == 200, r.text + logs(POD_CONTAINER)
+    want = reference.layer_norm(np.asarray(SEED003.x, np.float32), eps=SEED003.eps).output
+    np.testing.assert_allclose(r.json()["output"], want, atol=1e-5)
+    # The initContainer copied the image's three models into the claim, which the server reads at /mnt/models.
+    listing = engine("volume", "inspect", "--format", "{{.Mountpoint}}", CLAIM).stdout.strip()
+    assert sorted(p.name for p in Path(listing).iterdir()) == ["encoder", "encoder-preln", "layernorm"]
+    assert [m["name"] for m in httpx.post(played[0] + "/v2/repository/index", timeout=10).json()] == [
+        "encoder", "encoder-preln", "layernorm",
+    ]  # fmt: skip
+
+
+def test_the_played_pod_runs_as_the_manifests_user_read_only_without_capabilities(played: tuple[str, str]) -> None:
+    fields = "{{.Config.User}} {{.HostConfig.ReadonlyRootfs}} {{len .EffectiveCaps}} {{.HostConfig.Memory}}"
+    assert engine("inspect", "--format", fields, POD_CONTAINER).stdout.split() == [
+        "10001:10001",
+        "true",
+        "0",
+        str(2**31),
+    ]
