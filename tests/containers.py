@@ -136,9 +136,10 @@ def remove(*names: str) -> None:
     engine("rm", "-f", *now, *names, check=False)
 
 
-def logs(name: str) -> str:
+def logs(name: str, tail: int = 4000) -> str:
+    """The container's output and errors, the last `tail` characters of each (0: all of them)."""
     out = engine("logs", name, check=False)
-    return out.stdout[-4000:] + out.stderr[-4000:]
+    return out.stdout[-tail:] + out.stderr[-tail:]
 
 
 def wait_ready(base: str, name: str = "", timeout: float = 90) -> None:
