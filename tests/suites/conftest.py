@@ -8,8 +8,14 @@ from tests.containers import build_image
 
 
 @pytest.fixture(scope="session")
-def image() -> str:
-    """The image scripts/build-image.sh builds from this checkout (skips where neither podman nor docker is)."""
+def built() -> tuple[str, str]:
+    """scripts/build-image.sh run on this checkout (skips where neither podman nor docker is): the image's tag and
+    the script's last line."""
     tag, line = build_image()
     print(f"\n{line}")
-    return tag
+    return tag, line
+
+
+@pytest.fixture(scope="session")
+def image(built: tuple[str, str]) -> str:
+    return built[0]
