@@ -84,7 +84,8 @@ def test_dockerfile_installs_the_pins_and_the_project_only_and_runs_as_uid_10001
     assert runs == [
         "RUN /opt/venv/bin/pip install --no-deps -r requirements-serve.txt",
         "RUN /opt/venv/bin/pip install --no-deps . && /opt/venv/bin/pip check"
-        " && /opt/venv/bin/python -m pip uninstall -y -q pip setuptools",
+        " && /opt/venv/bin/python -m pip uninstall -y -q pip setuptools"
+        " && find /opt/venv -depth -type d -path '*/site-packages/*/tests' -exec rm -rf {} +",
     ]
     assert "USER 10001" in STEPS and "EXPOSE 8000 8001" in STEPS
     assert any("--uid 10001 --gid 10001" in step for step in STEPS)
