@@ -92,6 +92,13 @@ def build(tag: str, context: Path, *build_args: str) -> None:
     engine("build", *podman, *args, "-t", tag, str(context), timeout=900)
 
 
+def readable_copy(source: Path, target: Path) -> None:
+    """source's tree copied to target, readable by everyone: the containers' uid 10001 reads it whatever the umask."""
+    shutil.copytree(source, target)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
+
+
 @dataclass(frozen=True)
 class Container:
     name: str

@@ -32,6 +32,7 @@ from tests.containers import (
     container,
     engine,
     logs,
+    readable_copy,
     remove,
     run_args,
     wait_ready,
@@ -67,15 +68,20 @@ def compose_value(value: object) -> str:
     return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
 
 
-def replica_settings() -> tuple[dict[str, str], list[str]]:
-    """The compose service's environment, and its bind mounts as `run` flags (read_only and tmpfs are run_args')."""
+def replica_settings(shared: Path) -> tuple[dict[str, str], list[str]]:
+    """The compose service's environment, and its bind mounts as `run` flags (read_only and tmpfs are run_args').
+
+    Each bind mount's source is a copy in shared, a folder everyone may read: the replicas run as uid 10001, and a
+    checkout (a CI clone) may sit in a folder only its owner can enter."""
     service = COMPOSE["x-normserve"]
     assert service["read_only"] is True and service["tmpfs"] == ["/tmp"]
     environment = {k: compose_value(v) for k, v in service["environment"].items()}
-    mounts = [
-        f"{(ROOT / v['source']).resolve()}:{v['target']}:{'ro' if v['read_only'] else 'rw'}" for v in service["volumes"]
-    ]
-    return environment, [flag for mount in mounts for flag in ("-v", mount)]
+    flags = []
+    for volume in service["volumes"]:
+        source = shared / Path(volume["source"]).name
+        readable_copy(ROOT / volume["source"], source)
+        flags += ["-v", f"{source}:{volume['target']}:{'ro' if volume['read_only'] else 'rw'}"]
+    return environment, flags
 
 
 def nginx_conf(tmp: Path, replicas: list[Container], port: int, grpc_port: int) -> Path:
@@ -106,9 +112,9 @@ def nginx_image(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def deployment(image: str, nginx_image: str) -> Iterator[tuple[str, str, list[Container]]]:
     """Two replicas, then nginx once both are healthy: nginx's HTTP base, its gRPC address, and the replicas."""
-    environment, mounts = replica_settings()
-    conf_dir = Path(tempfile.mkdtemp(prefix="normserve-nginx-"))
+    conf_dir = Path(tempfile.mkdtemp(prefix="normserve-compose-"))
     conf_dir.chmod(0o755)
+    environment, mounts = replica_settings(conf_dir)
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, conf_dir)
         replicas = [stack.enter_context(container(f"replica-{i}", environment, mounts, ready=False)) for i in (1, 2)]

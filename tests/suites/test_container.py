@@ -27,7 +27,7 @@ import tritonclient.grpc as grpcclient
 
 from app.core import reference
 from app.core.seeds import SEED003
-from tests.containers import PODMAN, Container, container, engine, env, logs, require_engine
+from tests.containers import PODMAN, Container, container, engine, env, logs, readable_copy, require_engine
 from tests.live_server import MODELS, ROOT
 from tests.server.otlp_receiver import otlp_receiver, tracing_env
 from tests.suites.test_drain import ONE_THREAD, Load, encoder_request
@@ -218,7 +218,7 @@ def repository() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="normserve-repo-"))
     try:
         path.chmod(0o755)
-        shutil.copytree(MODELS / "layernorm" / "1", path / "layernorm" / "1")
+        readable_copy(MODELS / "layernorm", path / "layernorm")
         yield path
     finally:
         shutil.rmtree(path)
