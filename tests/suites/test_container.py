@@ -174,7 +174,7 @@ def test_healthcheck_passes_on_the_servers_port(served: Container) -> None:
 # ---- podman stop under load ----------------------------------------------------------------------------------
 
 
-def stop_when_accepted(box: Container, load: Load) -> tuple[float, subprocess.Popen[str]]:
+def stop_when_accepted(box: Container, load: Load) -> tuple[float, subprocess.Popen[bytes]]:
     """`stop` (SIGTERM, SIGKILL after 40 s) once every client's long request is in the server."""
     start = time.monotonic()
     while time.monotonic() - start < 1 or not load.all_accepted():
