@@ -5,7 +5,8 @@ podman is not a cluster, and the shipped files stay as a cluster needs them; the
 - the host's network: free ports of 127.0.0.1 in NORMSERVE_HOST/PORT/GRPC_PORT and the probes, and no
   containerPorts (podman refuses port mappings on the host's network);
 - one replica: two pods on one host network would share ports;
-- names of this run for the Deployment and the claim (podman makes the claim a volume of that name).
+- names of this run for the Deployment and the claim (podman makes the claim a volume of that name);
+- podman's annotation that keeps the initContainer after it ran (podman 4.3 races removing it otherwise).
 The kinds podman plays are those below; the Service, HorizontalPodAutoscaler and PodDisruptionBudget are a
 cluster's (docs/operations.md lists what a real cluster checks that podman does not).
 """
@@ -37,6 +38,7 @@ K8S = ROOT / "deploy" / "k8s"
 # the variant takes a secretKeyRef's value from the shipped Secret instead.
 PLAYED = {"Deployment", "PersistentVolumeClaim", "ConfigMap"}
 NAME, CLAIM = f"{PREFIX}-k8s", f"{PREFIX}-models"
+INIT_TYPE = "io.podman.annotations.init.container.type"
 POD_CONTAINER = f"{NAME}-pod-0-normserve"  # podman names a Deployment's pods NAME-pod-N, their containers -NAME
 
 
@@ -63,6 +65,11 @@ def inline_secrets(container: dict[str, Any]) -> None:
             del entry["valueFrom"]
 
 
+def pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = deployment["spec"]["template"]["spec"]
+    return spec
+
+
 def variant(port: int, grpc_port: int) -> list[dict[str, Any]]:
     """The shipped documents podman plays, changed only as the module's docstring says."""
     docs = [d for d in shipped() if d["kind"] in PLAYED]
@@ -72,7 +79,12 @@ def variant(port: int, grpc_port: int) -> list[dict[str, Any]]:
         if doc["kind"] != "Deployment":
             continue
         doc["metadata"]["name"], doc["spec"]["replicas"] = NAME, 1
-        pod = doc["spec"]["template"]["spec"]
+        # podman 4.3 removes a `once` init container right after it exits, and at times finds it still running
+        # ("cannot remove container ... as it is running"): `always` keeps it, and changes nothing else here.
+        annotations = doc["spec"]["template"]["metadata"].setdefault("annotations", {})
+        for init in pod_spec(doc)["initContainers"]:  # podman reads it per container, or for the whole pod
+            annotations[f"{INIT_TYPE}/{init['name']}"] = annotations[INIT_TYPE] = "always"
+        pod = pod_spec(doc)
         for container in pod["initContainers"] + pod["containers"]:
             container["image"] = f"localhost/{IMAGE}"
             inline_secrets(container)
