@@ -6,7 +6,10 @@ podman is not a cluster, and the shipped files stay as a cluster needs them; the
   containerPorts (podman refuses port mappings on the host's network);
 - one replica: two pods on one host network would share ports;
 - names of this run for the Deployment and the claim (podman makes the claim a volume of that name);
-- podman's annotation that keeps the initContainer after it ran (podman 4.3 races removing it otherwise).
+- the initContainer run by the test, as a kubelet runs it (to its end, before the pod, with its command, env,
+  user, read-only root and no capabilities, on the claim), and the Deployment played without it: podman 4.3
+  removes a kube play's init container without waiting for its end and then fails the whole play at times
+  ("cannot remove container ... as it is running"), and ignores the annotation that would keep it.
 The kinds podman plays are those below; the Service, HorizontalPodAutoscaler and PodDisruptionBudget are a
 cluster's (docs/operations.md lists what a real cluster checks that podman does not).
 """
@@ -38,7 +41,6 @@ K8S = ROOT / "deploy" / "k8s"
 # the variant takes a secretKeyRef's value from the shipped Secret instead.
 PLAYED = {"Deployment", "PersistentVolumeClaim", "ConfigMap"}
 NAME, CLAIM = f"{PREFIX}-k8s", f"{PREFIX}-models"
-INIT_TYPE = "io.podman.annotations.init.container.type"
 POD_CONTAINER = f"{NAME}-pod-0-normserve"  # podman names a Deployment's pods NAME-pod-N, their containers -NAME
 
 
@@ -79,11 +81,6 @@ def variant(port: int, grpc_port: int) -> list[dict[str, Any]]:
         if doc["kind"] != "Deployment":
             continue
         doc["metadata"]["name"], doc["spec"]["replicas"] = NAME, 1
-        # podman 4.3 removes a `once` init container right after it exits, and at times finds it still running
-        # ("cannot remove container ... as it is running"): `always` keeps it, and changes nothing else here.
-        annotations = doc["spec"]["template"]["metadata"].setdefault("annotations", {})
-        for init in pod_spec(doc)["initContainers"]:  # podman reads it per container, or for the whole pod
-            annotations[f"{INIT_TYPE}/{init['name']}"] = annotations[INIT_TYPE] = "always"
         pod = pod_spec(doc)
         for container in pod["initContainers"] + pod["containers"]:
             container["image"] = f"localhost/{IMAGE}"
@@ -106,20 +103,46 @@ def variant(port: int, grpc_port: int) -> list[dict[str, Any]]:
     return docs
 
 
+def run_init_container(init: dict[str, Any], volumes: dict[str, str]) -> str:
+    """The initContainer to its end, as the kubelet runs it before the pod's containers: its output."""
+    sc = init["securityContext"]
+    assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
+    flags = ["--user", "10001:10001", "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+    flags += [f"--env={e['name']}={e['value']}" for e in init["env"]]
+    flags += [f"-v={volumes[m['name']]}:{m['mountPath']}" for m in init["volumeMounts"]]
+    command = init["command"]
+    return engine(
+        "run", "--rm", "--network", "none", *flags, "--entrypoint", command[0], init["image"], *command[1:]
+    ).stdout
+
+
 @pytest.fixture(scope="module")
 def played(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """The variant played on the host's network: the pod's HTTP base and gRPC address, then everything removed."""
+    """The claim played, the initContainer run on it, then the Deployment played on the host's network: the pod's
+    HTTP base and gRPC address. Everything is removed at the end by its name."""
     require_podman()
     port, grpc_port = free_port(), free_port()
-    path = tmp_path_factory.mktemp("kube") / "normserve.yaml"
-    path.write_text(yaml.safe_dump_all(variant(port, grpc_port)))
+    folder = tmp_path_factory.mktemp("kube")
+    docs = variant(port, grpc_port)
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = pod_spec(deployment)
+    (init,) = pod.pop("initContainers")
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v
+    }
+    first, then = folder / "claims.yaml", folder / "deployment.yaml"
+    # ConfigMaps go with the Deployment: podman resolves a configMapKeyRef within the file it plays.
+    first.write_text(yaml.safe_dump_all([d for d in docs if d["kind"] == "PersistentVolumeClaim"]))
+    then.write_text(yaml.safe_dump_all([d for d in docs if d["kind"] != "PersistentVolumeClaim"]))
     try:
-        engine("kube", "play", "--network", "host", str(path), timeout=300)
+        engine("kube", "play", str(first))
+        assert "seed: layernorm copied" in run_init_container(init, claims)
+        engine("kube", "play", "--network", "host", str(then), timeout=300)
         base = f"http://127.0.0.1:{port}"
         wait_ready(base, POD_CONTAINER)
         yield base, f"127.0.0.1:{grpc_port}"
     finally:
-        engine("kube", "down", str(path), check=False)
+        engine("kube", "down", str(then), check=False)
         engine("volume", "rm", "-f", CLAIM, check=False)
 
 
