@@ -52,19 +52,30 @@ def environment(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {e["name"]: e for e in container["env"]}
 
 
-def secret_value(ref: dict[str, str]) -> str:
-    (secret,) = [d for d in shipped() if d["kind"] == "Secret" and d["metadata"]["name"] == ref["name"]]
+def secret_value(ref: dict[str, Any]) -> str | None:
+    """A secretKeyRef's value from the Secrets shipped; None for an optional one that none ships (an operator's)."""
+    found = [d for d in shipped() if d["kind"] == "Secret" and d["metadata"]["name"] == ref["name"]]
+    if not found and ref.get("optional"):
+        return None
+    (secret,) = found
     if ref["key"] in secret.get("stringData", {}):
         return str(secret["stringData"][ref["key"]])
     return base64.b64decode(secret["data"][ref["key"]]).decode()
 
 
 def inline_secrets(container: dict[str, Any]) -> None:
+    """secretKeyRefs as literal values; a missing optional Secret leaves its variable unset, as in a cluster."""
+    env = []
     for entry in container.get("env", []):
         ref = entry.get("valueFrom", {}).get("secretKeyRef")
         if ref:
-            entry["value"] = secret_value(ref)
-            del entry["valueFrom"]
+            value = secret_value(ref)
+            if value is None:
+                continue
+            entry = {"name": entry["name"], "value": value}
+        env.append(entry)
+    if "env" in container:
+        container["env"] = env
 
 
 def pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
