@@ -4,11 +4,19 @@
 #   chromium  the headless browser of the playground test (tests/server/api/test_playground.py)
 #   prometheus  the server and promtool of the Prometheus tests (tests/suites/test_prometheus.py): scrape,
 #               queries, `promtool check metrics` and `promtool test rules` on deploy/prometheus/
+#   podman, runc, catatonit, debootstrap  build and run the image without Docker or a registry
+#               (scripts/build-image.sh; tests/suites/test_container.py, test_compose.py, test_kube_play.py):
+#               runc where crun refuses hybrid cgroups, catatonit for the pods of `podman kube play`, debootstrap
+#               for a Debian base when python:3.11-slim cannot be pulled
 set -euo pipefail
 need=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v runc >/dev/null 2>&1 || need+=(runc)
+command -v catatonit >/dev/null 2>&1 || [ -x /usr/libexec/podman/catatonit ] || need+=(catatonit)
+command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 if ((${#need[@]})); then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
