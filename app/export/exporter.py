@@ -27,7 +27,7 @@ from app.core import encoder as encoder_kind
 from app.core import layernorm as layernorm_kind
 from app.core.reference import EncoderConfig, layer_norm_names
 from app.core.repository import MANIFEST, MODEL_FILE, WEIGHTS_FILE
-from app.export import graph, options, parity, versions
+from app.export import checks, graph, options, parity, sources, versions
 from app.export.checkpoints import check_config, load_encoder, load_layernorm
 from app.export.graph import ExportError
 from app.export.modules import CheckpointError, Encoder, RowLayerNorm, load_checkpoint, seeded_encoder
@@ -88,32 +88,66 @@ def export_defaults(
 def export_encoder(
     repository: Path,
     name: str,
-    checkpoint: Path,
+    checkpoint: Path | None = None,
     *,
+    module: Path | None = None,
     sizes: Mapping[str, Any] | None = None,
+    check: checks.CheckPair | None = None,
     opset: int = 18,
     tolerance: float = 1e-4,
     progress: Progress | None = None,
 ) -> Exported:
-    """A trained encoder (normserve's or torch.nn.TransformerEncoder's state_dict) as the next version of name.
+    """A trained encoder as the next version of name: a whole module (--module) or a state_dict (--checkpoint).
 
-    sizes: EncoderConfig fields given by flags; the others are read from the checkpoint (see checkpoints.py).
+    sizes: EncoderConfig fields given by flags (a state_dict's heads, activation, ...); the others are read
+    from the checkpoint (checkpoints.py) or the module (sources.py), whose own forward parity is measured against.
     """
     say = progress or (lambda _message: None)
     _check_opset(opset)
-    model = load_encoder(Path(checkpoint), sizes or {})
+    given = {k: v for k, v in (sizes or {}).items() if v is not None}
+    if module is not None:
+        max_len = given.get("max_sequence_length", EncoderConfig().max_sequence_length)
+        user = sources.user_encoder(sources.load_module(module), module, max_len, given.get("positional_encoding"))
+        model, against, source = user.twin, user.forward, user.source
+    elif checkpoint is not None:
+        model, against, source = load_encoder(Path(checkpoint), given), None, {"class": "state_dict"}
+    else:
+        raise ValueError("export_encoder needs a module or a checkpoint")
+    check_config(model.cfg)
+    say(f"architecture of {name}: {architecture(model.cfg, source)}")
     root = Path(repository)
     with _writing(root, say), versions.staging(root, name) as folder:
-        manifest = _build_encoder(folder, name, model, opset, tolerance, say)
+        manifest = _build_encoder(folder, name, model, opset, tolerance, say, against)
+        manifest["source"] = source
+        if check is not None:
+            session = ort.InferenceSession(str(folder / MODEL_FILE), providers=["CPUExecutionProvider"])
+            manifest["check"] = checks.check_encoder(session, check, tolerance)
+            say(
+                f"check {name}: {manifest['check']['max_abs_diff']:.1e} from {check.output} (tolerance {tolerance:.0e})"
+            )
         return _commit(root, name, folder, manifest, None)
+
+
+def architecture(cfg: EncoderConfig, source: Mapping[str, Any]) -> str:
+    """One line of what was built: the manifest's config, in words."""
+    final = f"final norm (eps {cfg.final_eps if cfg.final_eps is not None else cfg.eps:g})"
+    layout = "" if source.get("batch_first", True) else ", batch_first=False (served batch first)"
+    return (
+        f"{source['class']}: {cfg.num_layers} layers, d_model {cfg.d_model}, {cfg.num_heads} heads, d_ff {cfg.d_ff}, "
+        f"{cfg.activation}, {'pre' if cfg.norm_first else 'post'}-LN, eps {cfg.eps:g}, "
+        f"{final if cfg.has_final_norm else 'no final norm'}, {'bias' if cfg.bias else 'bias=False'}, "
+        f"positional encoding {cfg.positional_encoding}{layout}"
+    )
 
 
 def export_layernorm(
     repository: Path,
     name: str,
-    checkpoint: Path,
+    checkpoint: Path | None = None,
     *,
-    eps: float = options.DEFAULT_EPS,
+    module: Path | None = None,
+    eps: float | None = None,
+    check: checks.CheckPair | None = None,
     opset: int = 18,
     tolerance: float = 1e-4,
     progress: Progress | None = None,
@@ -121,17 +155,30 @@ def export_layernorm(
     """A trained torch.nn.LayerNorm as the next version of name: the default graph, with its gamma, beta and eps."""
     say = progress or (lambda _message: None)
     _check_opset(opset)
-    if not eps > 0:
-        raise ValueError(f"eps must be positive, got {eps}")
-    gamma, beta = load_layernorm(Path(checkpoint))
+    if module is not None:
+        learned = sources.user_layernorm(sources.load_module(module), module)
+    elif checkpoint is not None:
+        learned = _layernorm_from_state(Path(checkpoint), options.DEFAULT_EPS if eps is None else eps)
+    else:
+        raise ValueError("export_layernorm needs a module or a checkpoint")
+    if not learned.eps > 0:
+        raise ValueError(f"eps must be positive, got {learned.eps}")
+    root = Path(repository)
+    with _writing(root, say), versions.staging(root, name) as folder:
+        manifest = _build_layernorm(folder, name, learned.eval(), opset, tolerance, say)
+        if check is not None:
+            session = graph.load_session(folder / MODEL_FILE, layernorm_kind.INPUTS, layernorm_kind.OUTPUTS)
+            manifest["check"] = checks.check_layernorm(session, learned, check, tolerance)
+        return _commit(root, name, folder, manifest, None)
+
+
+def _layernorm_from_state(checkpoint: Path, eps: float) -> torch.nn.LayerNorm:
+    gamma, beta = load_layernorm(checkpoint)
     module = torch.nn.LayerNorm(gamma.shape, eps=eps, bias=True)
     with torch.no_grad():
         module.weight.copy_(torch.from_numpy(gamma))
         module.bias.copy_(torch.from_numpy(beta))
-    root = Path(repository)
-    with _writing(root, say), versions.staging(root, name) as folder:
-        manifest = _build_layernorm(folder, name, module.eval(), opset, tolerance, say)
-        return _commit(root, name, folder, manifest, None)
+    return module
 
 
 @contextlib.contextmanager
@@ -181,16 +228,35 @@ def _build_layernorm(
         manifest["config"] = {}
         figures = parity.layernorm_parity(session, module)
     else:
-        gamma, beta = (p.detach().numpy() for p in (learned.weight, learned.bias))
+        gamma, beta = _gamma_beta(learned)
         graph.save_npz(folder / WEIGHTS_FILE, {"gamma": gamma, "beta": beta})
-        manifest["config"] = {"normalized_shape": list(learned.normalized_shape), "eps": learned.eps}
+        manifest["config"] = {
+            "normalized_shape": list(learned.normalized_shape),
+            "eps": learned.eps,
+            "elementwise_affine": learned.weight is not None,
+            "bias": learned.bias is not None,
+        }
         figures = parity.learned_layernorm_parity(session, learned, gamma, beta)
     manifest["parity"] = _check_parity(name, *figures, tolerance, say)
     return manifest
 
 
+def _gamma_beta(learned: torch.nn.LayerNorm) -> tuple[np.ndarray, np.ndarray]:
+    """The module's weight and bias, or the 1 and 0 that elementwise_affine=False and bias=False leave out."""
+    shape = tuple(learned.normalized_shape)
+    gamma = np.ones(shape, np.float32) if learned.weight is None else learned.weight.detach().numpy()
+    beta = np.zeros(shape, np.float32) if learned.bias is None else learned.bias.detach().numpy()
+    return gamma, beta
+
+
 def _build_encoder(
-    folder: Path, name: str, model: Encoder, opset: int, tolerance: float, say: Progress
+    folder: Path,
+    name: str,
+    model: Encoder,
+    opset: int,
+    tolerance: float,
+    say: Progress,
+    against: parity.Forward | None = None,
 ) -> dict[str, Any]:
     cfg = model.cfg
     say(f"exporting {name} ({'pre' if cfg.norm_first else 'post'}-LN, d_model {cfg.d_model}, opset {opset}) ...")
@@ -205,7 +271,8 @@ def _build_encoder(
     graph.save_npz(folder / WEIGHTS_FILE, weights)
     manifest["config"] = dataclasses.asdict(cfg)
     manifest["layer_norms"] = layer_norm_names(cfg)
-    manifest["parity"] = _check_parity(name, *parity.encoder_parity(session, model, weights), tolerance, say)
+    figures = parity.encoder_parity(session, model, weights, against)
+    manifest["parity"] = _check_parity(name, *figures, tolerance, say)
     return manifest
 
 
@@ -237,8 +304,11 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
     Prints `exported NAME version V to FOLDER` on stdout for each version written.
     """
     say = progress or (lambda message: print(message, file=sys.stderr, flush=True))
-    common = {"opset": args.opset, "tolerance": args.tolerance, "progress": say}
+    common: dict[str, Any] = {"opset": args.opset, "tolerance": args.tolerance, "progress": say}
     try:
+        if args.kind is not None:
+            options.check_source_flags(args)
+            common |= {"module": args.module, "check": checks.from_args(args)}
         if args.kind == "encoder":
             sizes = options.encoder_sizes(args)
             exported = [export_encoder(args.repository, args.name, args.checkpoint, sizes=sizes, **common)]
