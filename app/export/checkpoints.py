@@ -54,7 +54,7 @@ def describe(state: Mapping[str, Tensor]) -> str:
     torch_format = is_torch_encoder(state)
     if torch_format or any(LAYER_KEY.fullmatch(key) for key in state):
         cfg = infer_config(state, {}, torch_format)
-        owner = "torch.nn.TransformerEncoder" if torch_format else "normserve's Encoder"
+        owner = "torch.nn.TransformerEncoder" if torch_format else "normserve Encoder"
         return (
             f"this is a {owner} state_dict ({cfg.num_layers} layers, d_model {cfg.d_model}): "
             "`normserve export encoder` takes it"
