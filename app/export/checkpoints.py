@@ -92,7 +92,7 @@ def infer_config(state: Mapping[str, Tensor], given: Mapping[str, Any], torch_fo
     if layers:
         inferred["num_layers"] = max(layers) + 1
     inferred["final_norm"] = inferred["norm_first"] = "norm.weight" in state or "norm.bias" in state
-    inferred["bias"] = name("layers.0.attn.qkv.bias") in state
+    inferred["bias"] = name("layers.0.ff.fc1.bias") in state
     inferred["positional_encoding"] = "none" if torch_format else "sinusoidal"
     chosen = {**inferred, **{k: v for k, v in given.items() if v is not None}}
     return dataclasses.replace(EncoderConfig(), **chosen)

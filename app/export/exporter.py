@@ -208,7 +208,6 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
     common: dict[str, Any] = {"opset": args.opset, "tolerance": args.tolerance, "progress": say}
     try:
         if args.kind is not None:
-            options.check_source_flags(args)
             common |= {"module": args.module, "check": checks.from_args(args)}
         if args.kind == "encoder":
             sizes = options.encoder_sizes(args)

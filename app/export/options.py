@@ -27,7 +27,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in KINDS:
         parser = _encoder_parser() if argv[0] == "encoder" else _layernorm_parser()
-        return parser.parse_args(argv[1:], argparse.Namespace(kind=argv[0]))
+        args = parser.parse_args(argv[1:], argparse.Namespace(kind=argv[0]))
+        try:
+            check_source_flags(args)
+        except ValueError as e:
+            parser.error(str(e))  # exit 2, as argparse's own refusals
+        return args
     return _defaults_parser().parse_args(argv, argparse.Namespace(kind=None))
 
 
