@@ -119,8 +119,9 @@ def learned_layernorm_parity(
         vs_numpy.append(max_abs_diff(got, layernorm_reference(case, feeds)))
     dims = ",".join(map(str, shape))
     description = (
-        f"the LayerNorm's gamma and beta (1 and 0 where it has none) and eps {eps:g} (eps_mode var); seeded N(0,1) float32 scaled by 1, 10 "
-        f"and 0.1: [5,{dims}], [2,3,{dims}], [1,{dims}]; torch.nn.LayerNorm for the output"
+        f"the LayerNorm's gamma and beta (1 and 0 where it has none) and eps {eps:g} (eps_mode var); "
+        f"seeded N(0,1) float32 scaled by 1, 10 and 0.1: [5,{dims}], [2,3,{dims}], [1,{dims}]; "
+        "the torch.nn.LayerNorm module for the output"
     )
     return _worst(vs_torch), _worst(vs_numpy), description
 

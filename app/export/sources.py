@@ -73,7 +73,11 @@ def user_encoder(module: nn.Module, path: Path, max_sequence_length: int, pe: st
         layers, final = [module], None
     else:
         raise CheckpointError(f"{path}: {wrong_kind(module, 'encoder')}")
-    settings = [_layer_settings(layer, f"layers.{i}") for i, layer in enumerate(layers)]
+    try:
+        settings = [_layer_settings(layer, f"layers.{i}") for i, layer in enumerate(layers)]
+        final_norm = _final_norm(final, settings[0]["d_model"])
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
     if differing := [f"layers.{i}" for i, s in enumerate(settings) if s != settings[0]]:
         raise CheckpointError(f"{path}: {', '.join(differing)} differ from layers.0 in their settings: {settings}")
     cfg = EncoderConfig(
@@ -81,7 +85,7 @@ def user_encoder(module: nn.Module, path: Path, max_sequence_length: int, pe: st
         num_layers=len(layers),
         max_sequence_length=max_sequence_length,
         positional_encoding=pe or "none",
-        **_final_norm(final, settings[0]["d_model"]),
+        **final_norm,
     )
     twin = _twin(cfg, module, path, len(layers) if type(module) is nn.TransformerEncoder else 0)
     batch_first = bool(layers[0].self_attn.batch_first)

@@ -6,8 +6,8 @@ all) and an exporter that dropped or mixed up a weight would show in the outputs
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
