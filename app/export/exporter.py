@@ -108,6 +108,8 @@ def export_encoder(
         raise ValueError("export_encoder needs a module or a checkpoint")
     check_config(model.cfg)
     say(f"architecture of {name}: {builds.architecture(model.cfg, source)}")
+    if "note" in source:
+        say(f"note: {source['note']}")
     root = Path(repository)
     with _writing(root, say), versions.staging(root, name) as folder:
         manifest = builds.build_encoder(folder, name, model, opset, tolerance, say, against)
