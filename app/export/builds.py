@@ -59,7 +59,7 @@ def build_layernorm(
         manifest["config"] = {}
         figures = parity.layernorm_parity(session, module)
     else:
-        gamma, beta = _gamma_beta(learned)
+        gamma, beta = gamma_beta(learned)
         graph.save_npz(folder / WEIGHTS_FILE, {"gamma": gamma, "beta": beta})
         manifest["config"] = {
             "normalized_shape": list(learned.normalized_shape),
@@ -72,7 +72,7 @@ def build_layernorm(
     return manifest
 
 
-def _gamma_beta(learned: torch.nn.LayerNorm) -> tuple[np.ndarray, np.ndarray]:
+def gamma_beta(learned: torch.nn.LayerNorm) -> tuple[np.ndarray, np.ndarray]:
     """The module's weight and bias, or the 1 and 0 that elementwise_affine=False and bias=False leave out."""
     shape = tuple(learned.normalized_shape)
     gamma = np.ones(shape, np.float32) if learned.weight is None else learned.weight.detach().numpy()
