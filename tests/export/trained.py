@@ -88,3 +88,17 @@ def _train(model: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor], sh
 def save(module: nn.Module, path: Path) -> Path:
     torch.save(module.state_dict(), path)
     return path
+
+
+def gelu_encoder(seed: int = 0) -> nn.TransformerEncoder:
+    """docs/checkpoints/my-gelu-encoder.pt, the README walkthrough's module: GELU, pre-LN, a final norm, eps 1e-6.
+
+    Written with torch.save(gelu_encoder(), path): a whole module, as `normserve export encoder --module` takes it.
+    """
+    torch.manual_seed(seed)
+    layer = nn.TransformerEncoderLayer(
+        32, 4, 64, dropout=0.0, activation="gelu", batch_first=True, norm_first=True, layer_norm_eps=1e-6
+    )
+    model = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(32, eps=1e-6), enable_nested_tensor=False)
+    _train(model, model, (4, 6, 32))
+    return model.eval()

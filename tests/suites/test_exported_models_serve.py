@@ -6,6 +6,11 @@ checkpoints (tests/export/trained.py) and no hand-made manifest in between.
 
 from __future__ import annotations
 
+import ast
+import shlex
+import shutil
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,10 +33,12 @@ from app.core.reference import EncoderConfig
 from app.core.runtime import Runtime
 from app.core.seeds import SEED003
 from app.export.exporter import export_defaults, export_encoder, export_layernorm
+from app.export.exporter import main as export_main
 from app.settings import Settings
 from tests.export.trained import USER_ENCODERS, UserEncoder, layer_norm, save, torch_encode
-from tests.live_server import live_server
+from tests.live_server import MODELS, ROOT, live_server
 from tests.server.api.grpc.live import GrpcServer, grpc_server
+from tests.suites.test_docs_examples import WALKTHROUGH, WALKTHROUGH_SCRIPT, examples_of
 
 ATOL = 1e-4
 SMALL_DEFAULTS = {"d_model": 16, "num_heads": 2, "d_ff": 32, "num_layers": 1, "max_sequence_length": 32}
@@ -321,4 +328,26 @@ def test_a_served_user_encoder_validates_against_the_float64_reference(
     )
     assert r.status_code == 200, r.text
     validation = r.json()["validation"]
+    assert validation["passed"] and validation["max_abs_diff"] <= ENCODER_ATOL
+
+
+def test_the_readme_walkthrough_serves_what_the_module_computes(tmp_path: Path) -> None:
+    """The README's steps as written: export the module (--module) into a copy of the models, serve it, and run
+    the README's script that asks the server and the module the same question."""
+    repo = tmp_path / "my-models"
+    shutil.copytree(MODELS, repo)
+    argv = shlex.split(WALKTHROUGH[1])
+    assert argv[:3] == ["normserve", "export", "encoder"]
+    assert export_main([a if a != "my-models" else str(repo) for a in argv[2:]], progress=lambda _m: None) == 0
+    script = WALKTHROUGH_SCRIPT
+    assert [e.kind for e in examples_of(ROOT / "README.md") if e.code == script] == ["script"], "the README's own"
+    env = {"NORMSERVE_MODEL_DIR": str(repo), "NORMSERVE_MODEL_CONTROL": "explicit", "NORMSERVE_ADMIN_TOKEN": TOKEN}
+    with live_server(env) as base:
+        code = script.replace("http://127.0.0.1:8000", base)
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.splitlines()
+    label = "max |served - module| at unpadded positions: "
+    assert first.startswith(label) and float(first.removeprefix(label)) <= ENCODER_ATOL
+    validation = ast.literal_eval(second.removeprefix("validation: "))
     assert validation["passed"] and validation["max_abs_diff"] <= ENCODER_ATOL
