@@ -23,7 +23,7 @@ import torch
 from app.core import layernorm as layernorm_kind
 from app.core.reference import EncoderConfig
 from app.core.repository import MANIFEST, MODEL_FILE
-from app.export import builds, checks, graph, options, sources, versions
+from app.export import builds, checks, graph, options, parity, sources, versions
 from app.export.builds import ParityError
 from app.export.checkpoints import check_config, load_encoder, load_layernorm
 from app.export.graph import ExportError
@@ -97,15 +97,9 @@ def export_encoder(
     """
     say = progress or (lambda _message: None)
     _check_opset(opset)
-    given = {k: v for k, v in (sizes or {}).items() if v is not None}
-    if module is not None:
-        max_len = given.get("max_sequence_length", EncoderConfig().max_sequence_length)
-        user = sources.user_encoder(sources.load_module(module), module, max_len, given.get("positional_encoding"))
-        model, against, source = user.twin, user.forward, user.source
-    elif checkpoint is not None:
-        model, against, source = load_encoder(Path(checkpoint), given), None, {"class": "state_dict"}
-    else:
-        raise ValueError("export_encoder needs a module or a checkpoint")
+    model, against, source = _read_encoder(
+        module, checkpoint, {k: v for k, v in (sizes or {}).items() if v is not None}
+    )
     check_config(model.cfg)
     say(f"architecture of {name}: {builds.architecture(model.cfg, source)}")
     if "note" in source:
@@ -121,6 +115,19 @@ def export_encoder(
                 f"check {name}: {manifest['check']['max_abs_diff']:.1e} from {check.output} (tolerance {tolerance:.0e})"
             )
         return _commit(root, name, folder, manifest, None)
+
+
+def _read_encoder(
+    module: Path | None, checkpoint: Path | None, given: Mapping[str, Any]
+) -> tuple[Encoder, parity.Forward | None, dict[str, Any]]:
+    """The twin to export, the user's module to measure it against (a state_dict has none), and the source."""
+    if module is not None:
+        max_len = given.get("max_sequence_length", EncoderConfig().max_sequence_length)
+        user = sources.user_encoder(sources.load_module(module), module, max_len, given.get("positional_encoding"))
+        return user.twin, user.forward, user.source
+    if checkpoint is not None:
+        return load_encoder(Path(checkpoint), given), None, {"class": "state_dict"}
+    raise ValueError("export_encoder needs a module or a checkpoint")
 
 
 def export_layernorm(
