@@ -70,3 +70,32 @@ def test_the_right_flags_pass_the_check_pair_and_the_manifest_records_it(pair: P
     check = Repository(repo).manifest("mine", 1)["check"]
     assert check["max_abs_diff"] <= 1e-4 and check["tolerance"] == 1e-4 and check["shape"] == [2, 6, 16]
     assert set(check["sha256"]) == {"input", "output", "mask"}
+
+
+def test_a_layernorm_module_is_pinned_by_its_pair_and_a_wrong_output_names_its_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = perturbed(nn.LayerNorm((2, 4), eps=1e-3), seed=5)
+    torch.save(module, tmp_path / "ln.pt")
+    x = (3 * np.random.default_rng(6).standard_normal((3, 2, 4))).astype(np.float32)
+    with torch.no_grad():
+        y = module(torch.from_numpy(x)).numpy()
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    y[1, 0, 3] += 0.01  # one value that the module did not answer
+    np.save(tmp_path / "wrong.npy", y)
+    repo = tmp_path / "models"
+    argv = ["layernorm", "--name", "ln", "--module", str(tmp_path / "ln.pt"), "--repository", str(repo)]
+    argv += ["--check-input", str(tmp_path / "x.npy"), "--check-output"]
+    assert main([*argv, str(tmp_path / "y.npy")], progress=lambda _m: None) == 0
+    assert Repository(repo).manifest("ln", 1)["check"]["max_abs_diff"] <= 1e-5
+    capsys.readouterr()
+    assert main([*argv, str(tmp_path / "wrong.npy")], progress=lambda _m: None) == 1
+    message = re.fullmatch(
+        "normserve export: error: check failed: the exported model's output differs from "
+        + re.escape(str(tmp_path / "wrong.npy"))
+        + r" by (\d\.\d{3}e-02) at index \[1, 0, 3\] \(tolerance 1e-04\); nothing written\n",
+        capsys.readouterr().err,
+    )
+    assert message is not None and abs(float(message.group(1)) - 0.01) < 1e-4
+    assert Repository(repo).versions("ln") == [1]
