@@ -109,7 +109,11 @@ def load_encoder(path: Path, given: Mapping[str, Any]) -> Encoder:
     cfg = infer_config(state, given, torch_format)
     check_config(cfg)
     model = Encoder(cfg).eval()
-    load_state(model, state, path, torch_name if torch_format else str)
+    owner = "torch.nn.TransformerEncoder" if torch_format else "normserve Encoder"
+    final = "a final norm" if cfg.has_final_norm else "no final norm"
+    read = f"d_model {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_layers} layers, {final}, bias={cfg.bias}"
+    described = f"the {owner} that its keys and the flags describe ({read})"
+    load_state(model, state, path, torch_name if torch_format else str, described)
     return model
 
 

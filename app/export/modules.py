@@ -198,13 +198,19 @@ def read_state_dict(path: Path) -> dict[str, Tensor]:
     return dict(state)
 
 
-def load_state(model: nn.Module, state: Mapping[str, Tensor], path: Path, rename: Rename = str) -> None:
+def load_state(
+    model: nn.Module,
+    state: Mapping[str, Tensor],
+    path: Path,
+    rename: Rename = str,
+    described: str = "the configured encoder",
+) -> None:
     """Load state into model strictly; rename maps model's keys to the checkpoint's, whose names errors use."""
     expected = {rename(key): value for key, value in model.state_dict().items()}
     problems = _state_dict_mismatches(expected, state)
     if problems:
         raise CheckpointError(
-            f"{path} does not fit the configured encoder ({'; '.join(problems)}); "
+            f"{path} does not fit {described} ({'; '.join(problems)}); "
             "check --d-model, --d-ff, --num-layers and the norm placement"
         )
     model.load_state_dict({key: state[rename(key)] for key in model.state_dict()}, strict=True)

@@ -107,7 +107,8 @@ def test_a_checkpoint_that_does_not_fit_is_refused_in_its_own_names(tmp_path: Pa
     path = _broken(spec.build(), how, tmp_path / "bad.pt")
     with pytest.raises(CheckpointError) as e:
         load_encoder(path, _given(spec.cfg))
-    assert str(e.value) == f"{path} does not fit the configured encoder ({problem}); {FIT}"
+    described = "the torch.nn.TransformerEncoder that its keys and the flags describe (d_model 32, d_ff 64, 1 layers, "
+    assert str(e.value) == f"{path} does not fit {described}no final norm, bias=True) ({problem}); {FIT}"
 
 
 def test_pre_ln_of_a_stack_without_final_norm_is_built_without_one(tmp_path: Path) -> None:

@@ -222,7 +222,8 @@ def test_a_refused_checkpoint_is_one_line_and_writes_nothing(
     assert main(argv) == 1
     assert capsys.readouterr() == (
         "",
-        f"normserve export: error: {path} does not fit the configured encoder (missing keys "
+        f"normserve export: error: {path} does not fit the torch.nn.TransformerEncoder that its keys and the flags "
+        "describe (d_model 32, d_ff 64, 1 layers, no final norm, bias=True) (missing keys "
         "layers.0.self_attn.in_proj_bias); check --d-model, --d-ff, --num-layers and the norm placement\n",
     )
     assert not repo.exists()
