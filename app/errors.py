@@ -9,8 +9,9 @@
     ├── ModelNotFound (LookupError)      unknown model or version           404
     ├── ModelControlDisabled             repository load/unload: no explicit model control   403
     ├── Unauthorized                     admin route without the bearer token   401
-    ├── Forbidden                        admin route with a wrong token     403
+    ├── Forbidden                        admin route: wrong token, or none configured   403
     ├── ModelLoadFailed                  a load through the repository API failed   400
+    ├── ExtensionNotSupported            a Triton extension normserve has not (shared memory)   400, gRPC UNIMPLEMENTED
     ├── Overloaded                       over max_in_flight                 503 + Retry-After
     ├── NotReady                         models not verified, or draining   503 + Retry-After
     └── Timeout (TimeoutError)           past request_timeout_s             504
@@ -66,11 +67,25 @@ class Unauthorized(NormserveError):
 
 
 class Forbidden(NormserveError):
-    """An admin route with a token that is not NORMSERVE_ADMIN_TOKEN."""
+    """An admin route with a token that is not NORMSERVE_ADMIN_TOKEN, or with none configured (closed)."""
 
 
 class ModelLoadFailed(NormserveError):
     """A model version that failed to load (sha256, session, parity): what serves stays as it was."""
+
+
+class ExtensionNotSupported(NormserveError):
+    """A route or RPC of a Triton extension normserve does not implement: the message names the extension.
+
+    HTTP answers 400, as Triton answers a request it cannot serve; gRPC has a code of its own for it, UNIMPLEMENTED
+    (app/server/api/grpc/calls.py)."""
+
+    def __init__(self, extension: str) -> None:
+        super().__init__(
+            f"the {extension} extension is not supported: normserve reads every tensor from the request itself "
+            "(binary data over HTTP, raw_input_contents over gRPC)"
+        )
+        self.extension = extension
 
 
 class Overloaded(NormserveError):
@@ -97,6 +112,7 @@ _STATUS: dict[type[NormserveError], tuple[int, int]] = {
     Unauthorized: (401, 401),
     Forbidden: (403, 403),
     ModelLoadFailed: (400, 400),
+    ExtensionNotSupported: (400, 400),
     Overloaded: (503, 503),
     NotReady: (503, 503),
     Timeout: (504, 504),

@@ -13,10 +13,25 @@ def _lower(value: object) -> object:
     return value.lower() if isinstance(value, str) else value
 
 
+def _token(value: object) -> object:
+    """The admin token without surrounding whitespace (a Secret made from a file ends in a newline), and only
+    printable ASCII without spaces, as `Authorization: Bearer <token>` can carry it. The error never quotes it."""
+    if not isinstance(value, str):
+        return value
+    token = value.strip()
+    if not all("!" <= ch <= "~" for ch in token):
+        raise ValueError(
+            "NORMSERVE_ADMIN_TOKEN must be printable ASCII without spaces or control characters inside "
+            "(a bearer token); the value set is not"
+        )
+    return token
+
+
 class Settings(BaseSettings):
     """Every knob of the service; tests construct Settings(...) directly instead of patching the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="NORMSERVE_", frozen=True)
+    # hide_input_in_errors: a refused NORMSERVE_ADMIN_TOKEN must not be printed in the error that refuses it.
+    model_config = SettingsConfigDict(env_prefix="NORMSERVE_", frozen=True, hide_input_in_errors=True)
 
     model_dir: Path = Field(Path("models"), description="The model repository: <name>/<version>/ folders.")
     # As Triton's --model-control-mode: none loads every model at start, explicit through the repository API
@@ -28,15 +43,15 @@ class Settings(BaseSettings):
         "*", description="explicit mode: comma-separated models loaded at start (* = all, empty = none)."
     )
     poll_interval_s: float = Field(5.0, gt=0, description="poll mode: how often the repository is rescanned.")
-    admin_token: str = Field(
+    admin_token: Annotated[str, BeforeValidator(_token)] = Field(
         "",
         repr=False,  # never in a log line or a traceback
-        description="Bearer token for the repository, trace and logging routes (empty = no token needed).",
+        description="Bearer token for the repository, trace and logging routes (empty = those routes closed).",
     )
     host: str = Field("127.0.0.1", description="Address `normserve serve` binds to.")
     port: int = Field(8000, ge=0, le=65535, description="Port `normserve serve` listens on.")
     workers: int = Field(1, ge=1, description="uvicorn worker processes for `normserve serve`.")
-    # Every worker serves it on the same port (SO_REUSEPORT, grpc's default on Linux): app/server/api/grpc/server.py.
+    # Every worker serves it on the same port (SO_REUSEPORT), which no other server may take: app/server/group.py.
     grpc_port: int = Field(8001, ge=0, le=65535, description="Port of the gRPC Open Inference Protocol (0 = off).")
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest request body, also after decompression.")
     max_elements: int = Field(16_777_216, ge=1, description="Largest element count of any one tensor.")

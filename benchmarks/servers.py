@@ -183,8 +183,8 @@ def serve(
 ) -> Iterator[Server]:
     """Start one server (normserve, trivial, naive, kserve or mlserver), wait until it answers ready, stop it on exit.
 
-    grpc_port: normserve and the V2 peers also serve gRPC there (0: no gRPC; never 8001, which two servers would
-    share under SO_REUSEPORT)."""
+    grpc_port: normserve and the V2 peers also serve gRPC there (0: no gRPC; never 8001, which a second server
+    could not take)."""
     models = model_dir or ROOT / "models"
     base = {"NORMSERVE_MODEL_DIR": str(models), "NORMSERVE_LOG_LEVEL": "warning", "NORMSERVE_GRPC_PORT": str(grpc_port)}
     full_env = {**os.environ, **base, **(env or {})}

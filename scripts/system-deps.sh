@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages the test suite drives for real (no-op when present):
-#   nginx     the load balancer of the failover test (tests/test_failover.py)
-#   chromium  the headless browser of the playground test (tests/test_playground.py)
+#   nginx     the load balancer of the failover test (tests/suites/test_failover.py)
+#   chromium  the headless browser of the playground test (tests/server/api/test_playground.py)
 #   prometheus  the server and promtool of the Prometheus tests (tests/suites/test_prometheus.py): scrape,
 #               queries, `promtool check metrics` and `promtool test rules` on deploy/prometheus/
 set -euo pipefail

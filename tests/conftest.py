@@ -1,15 +1,18 @@
-"""Shared fixtures: the repo's exported models, a live server, and an in-process runtime."""
+"""Shared fixtures: the repo's exported models, a live server, an in-process runtime, and the serve install."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.live_server import MODELS, live_server
+from tests.live_server import MODELS, ROOT, live_server
 
 DEFAULT_MODELS = ("encoder", "encoder-preln", "layernorm")
 
@@ -27,6 +30,21 @@ def server() -> Iterator[str]:
 def client(server: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server, timeout=60) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The serve install as the README gives it, `pip install -e <checkout>` in a fresh venv: no extras (about a minute:
+    built once per session, for tests/cli/test_extras.py and the docs' Python examples)."""
+    venv = tmp_path_factory.mktemp("base") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "--quiet", "-e", str(ROOT)],
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    return venv
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,8 @@ MODELS = ROOT / "models"
 def server_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment with the repo's models, warning logs and gRPC off, then env on top.
 
-    gRPC is off unless a test asks (NORMSERVE_GRPC_PORT from benchmarks.servers.free_port()): servers share a port
-    silently under SO_REUSEPORT, so no two test servers may take the default 8001."""
+    gRPC is off unless a test asks (NORMSERVE_GRPC_PORT from benchmarks.servers.free_port()): a server whose gRPC
+    port another server holds does not start, so no two test servers may take the default 8001."""
     base = {"NORMSERVE_MODEL_DIR": str(MODELS), "NORMSERVE_LOG_LEVEL": "warning", "NORMSERVE_GRPC_PORT": "0"}
     return {**os.environ, **base, **(env or {})}
 

@@ -8,7 +8,9 @@ that server tests need no export extra.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -52,3 +54,12 @@ def learned_layernorm(
     }
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return folder
+
+
+def sha256sum_identity(folder: Path) -> str:
+    """A version's identity as docs/api.md tells users to compute it: coreutils' `sha256sum FILES | sha256sum` in
+    the version's folder, over the files its manifest lists in name order (not the server's own code)."""
+    files = sorted(json.loads((folder / "manifest.json").read_text())["files"])
+    command = f"sha256sum {shlex.join(files)} | sha256sum"
+    out = subprocess.run(["bash", "-c", command], cwd=folder, capture_output=True, text=True, check=True)
+    return out.stdout.split()[0]

@@ -6,6 +6,7 @@ import pytest
 
 from app.errors import (
     BodyTimeout,
+    ExtensionNotSupported,
     InvalidInput,
     MalformedBody,
     ModelControlDisabled,
@@ -46,6 +47,15 @@ class _UnlistedInvalidInput(InvalidInput):
 def test_status_for_maps_each_error_class_per_protocol(cls: type[NormserveError], rest: int, v2: int) -> None:
     exc = cls("something is wrong", "field")
     assert (status_for(exc, v2=False), status_for(exc, v2=True)) == (rest, v2)
+
+
+def test_an_extension_not_supported_is_a_400_naming_the_extension() -> None:
+    exc = ExtensionNotSupported("cuda_shared_memory")
+    assert (status_for(exc, v2=False), status_for(exc, v2=True), exc.extension) == (400, 400, "cuda_shared_memory")
+    assert exc.message == (
+        "the cuda_shared_memory extension is not supported: normserve reads every tensor from the request itself "
+        "(binary data over HTTP, raw_input_contents over gRPC)"
+    )
 
 
 def test_malformed_body_is_an_invalid_input_but_keeps_its_own_status() -> None:

@@ -13,6 +13,10 @@ from app.settings import Settings
 from tests.live_server import ROOT
 
 PREFIX = "NORMSERVE_"
+TOKEN_REFUSED = (
+    "Value error, NORMSERVE_ADMIN_TOKEN must be printable ASCII without spaces or control characters inside "
+    "(a bearer token); the value set is not"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -91,6 +95,7 @@ def test_each_variable_is_parsed_into_its_typed_field(
         ("NORMSERVE_BATCH_MAX_SEQ_LEN", "0", "Input should be greater than or equal to 1"),
         ("NORMSERVE_VALIDATE_ATOL", "0", "Input should be greater than 0"),
         ("NORMSERVE_VALIDATE_ATOL", "tight", "Input should be a valid number, unable to parse string as a number"),
+        *((("NORMSERVE_ADMIN_TOKEN", token, TOKEN_REFUSED)) for token in ("two words", "tök", "a\x07b", "a\u202eb")),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_field(
@@ -100,6 +105,19 @@ def test_a_bad_value_is_refused_naming_its_field(
     with pytest.raises(ValidationError) as e:
         Settings()
     assert [(err["loc"], err["msg"]) for err in e.value.errors()] == [((variable[len(PREFIX) :].lower(),), message)]
+
+
+@pytest.mark.parametrize("value", ["s3cret\n", "  s3cret  ", "\ts3cret\r\n"], ids=["secret-file", "spaces", "crlf"])
+def test_the_admin_token_is_stripped_of_surrounding_whitespace(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("NORMSERVE_ADMIN_TOKEN", value)
+    assert Settings().admin_token == "s3cret"
+
+
+def test_a_refused_admin_token_is_never_quoted_in_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NORMSERVE_ADMIN_TOKEN", "top secret")
+    with pytest.raises(ValidationError) as e:
+        Settings()
+    assert "top secret" not in str(e.value) and TOKEN_REFUSED in str(e.value)
 
 
 def test_constructor_arguments_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,9 +7,11 @@ import errno
 import os
 import socket
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 from app.core.repository import MANIFEST
+from app.server import group
 from app.settings import Settings
 
 
@@ -22,6 +24,12 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default=settings.host, help=f"address to bind (NORMSERVE_HOST, default {settings.host})")
     p.add_argument("--port", type=int, default=settings.port, help=f"port (NORMSERVE_PORT, default {settings.port})")
+    p.add_argument(
+        "--grpc-port",
+        type=int,
+        default=settings.grpc_port,
+        help=f"gRPC port, 0 = no gRPC (NORMSERVE_GRPC_PORT, default {settings.grpc_port})",
+    )
     p.add_argument(
         "--workers",
         type=int,
@@ -37,11 +45,14 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     return p
 
 
-def cannot_listen(host: str, port: int) -> str | None:
+def cannot_listen(
+    host: str, port: int, what: str = "port", option: str = "--port", variable: str = "NORMSERVE_PORT"
+) -> str | None:
     """Why host:port cannot be listened on, or None: known in a moment here, before minutes of export and loading.
 
     uvicorn binds only after the app has loaded (and a failed bind then follows a `ready` log line), so this
-    binds first, as uvicorn will, and lets go at once. Something may still take the port in between.
+    binds first, as uvicorn will, and lets go at once. Something may still take the port in between. Without
+    SO_REUSEPORT, the bind also fails on a port that another server's gRPC workers share.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET  # uvicorn's choice of family
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -50,10 +61,19 @@ def cannot_listen(host: str, port: int) -> str | None:
             s.bind((host, port))
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
-                return f"port {port} on {host} is already in use; choose another with --port or NORMSERVE_PORT"
-            where = "--host or --port (NORMSERVE_HOST, NORMSERVE_PORT)"
+                return f"{what} {port} on {host} is already in use; choose another with {option} or {variable}"
+            where = f"--host or {option} (NORMSERVE_HOST, {variable})"
             return f"cannot listen on {host}:{port} ({e.strerror}); change {where}"
     return None
+
+
+def _busy(args: argparse.Namespace) -> str | None:
+    """Why the HTTP or the gRPC port cannot be served, or None."""
+    if reason := cannot_listen(args.host, args.port):
+        return reason
+    if args.grpc_port == 0:
+        return None
+    return cannot_listen(args.host, args.grpc_port, "gRPC port", "--grpc-port", "NORMSERVE_GRPC_PORT")
 
 
 def command(argv: list[str]) -> int:
@@ -62,10 +82,21 @@ def command(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.workers < 1:
         p.error(f"--workers must be at least 1, not {args.workers}")
-    reason = cannot_listen(args.host, args.port)
+    if args.grpc_port < 0 or args.grpc_port > 65535:
+        p.error(f"--grpc-port must be between 0 and 65535, not {args.grpc_port}")
+    reason = _busy(args)
+    try:  # held while the workers run, so that a worker restarted later still finds the port this server's
+        claim = group.claim_grpc_port(args.grpc_port) if args.grpc_port and not reason else None
+    except group.PortTaken as e:
+        reason = str(e)
     if reason:
         print(f"normserve serve: error: {reason}", file=sys.stderr)
         return 2
+    with claim or nullcontext():
+        return _serve(args, settings)
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
     # An empty or missing repository gets the default models; the old layout is the server's to refuse.
     legacy = (args.model_dir / MANIFEST).is_file()
     if not legacy and not any(args.model_dir.glob(f"*/*/{MANIFEST}")):
@@ -77,6 +108,8 @@ def command(argv: list[str]) -> int:
             return code
     # Workers are separate processes that build their own Settings: hand the choices over by environment.
     os.environ["NORMSERVE_MODEL_DIR"] = str(args.model_dir.resolve())
+    os.environ["NORMSERVE_HOST"] = args.host  # gRPC listens there too
+    os.environ["NORMSERVE_GRPC_PORT"] = str(args.grpc_port)
     import uvicorn
 
     from app.server import logs, metrics

@@ -7,6 +7,7 @@ and, per LayerNorm in execution order, `{name}.mean` and `{name}.std` (B,T). The
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,21 @@ import numpy as np
 from app.core import reference
 from app.core.batching import Batcher
 from app.core.dataplane import EncodeInput, EncodeOutput, EncoderLimits, Fields
-from app.core.model import FLOAT, Loaded, Model, Signature, TensorSpec
-from app.core.reference import EncoderConfig
-from app.core.repository import WEIGHTS_FILE
+from app.core.model import (
+    FLOAT,
+    Loaded,
+    Model,
+    ModelLoadError,
+    Signature,
+    TensorSpec,
+    positive_float,
+    positive_int,
+    read_weights,
+)
+from app.core.reference import POSITIONAL_ENCODINGS, EncoderConfig
+from app.core.repository import MANIFEST
 from app.core.tensors import check_finite
+from app.errors import shown
 
 STATS = ("mean", "std")
 
@@ -44,11 +56,17 @@ class EncoderModel(Model):
     def __init__(self, loaded: Loaded) -> None:
         super().__init__(loaded)
         entry, s = loaded.entry, loaded.settings
-        self.config = EncoderConfig(**entry["config"])
+        self.config = config(entry, loaded.path.parent / MANIFEST)
         self.limits = EncoderLimits(self.config.d_model, self.config.max_sequence_length)
-        self.layer_norms: list[str] = list(entry["layer_norms"])
+        self.layer_norms: list[str] = reference.layer_norm_names(self.config)
+        if entry.get("layer_norms") != self.layer_norms:
+            raise ModelLoadError(
+                f"{loaded.path.parent / MANIFEST}: layer_norms {shown(entry.get('layer_norms'))}; an encoder with "
+                f"this config has {self.layer_norms}"
+            )
         self.output_names = output_names(self.layer_norms)
-        self.weights = _load_weights(loaded.path.parent / WEIGHTS_FILE)  # its sha256 checked by the runtime
+        self.graph = signature(self.config)
+        self.weights = read_weights(loaded)
         d = self.config.d_model
         self.inputs = (
             TensorSpec("input", FLOAT, (-1, -1, d)),
@@ -108,7 +126,24 @@ class EncoderModel(Model):
         mask[1, 4:] = True
         out = self.infer(EncodeInput(x, mask, self.limits, validate=True))
         assert out.validation is not None
+        self._check_longest()
         return out.validation["max_abs_diff"], self.validate_atol
+
+    def _check_longest(self) -> None:
+        """The longest sequence the manifest admits runs: a graph that cannot (its positional table is shorter
+        than config.max_sequence_length) fails here, not on a request."""
+        full = np.zeros((1, self.config.max_sequence_length, self.config.d_model), np.float32)
+        try:
+            shape = self.run({"input": full, "padding_mask": np.zeros(full.shape[:2], bool)}, ["output"])[0].shape
+        except Exception as e:  # onnxruntime's classes derive from Exception only
+            shape, error = (), type(e).__name__
+        else:
+            error = f"an output of shape {list(shape)}"
+        if shape != full.shape:
+            raise ModelLoadError(
+                f"{self.path.parent / MANIFEST}: config.max_sequence_length {self.config.max_sequence_length}: "
+                f"the graph fails on a sequence that long ({error})"
+            )
 
 
 def batching(loaded: Loaded) -> dict[str, int]:
@@ -123,6 +158,39 @@ def batching(loaded: Loaded) -> dict[str, int]:
     return {**defaults, **(own or {})}
 
 
-def _load_weights(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as npz:  # no pickle: weights are plain arrays
-        return {k: npz[k].astype(np.float64) for k in npz.files}
+def config(entry: Mapping[str, Any], where: Path) -> EncoderConfig:
+    """The manifest's config, every field checked: a size of 0, heads that do not divide d_model or an unknown
+    field is a load failure naming it, never a ZeroDivisionError in the warm-up or a request's 500."""
+    raw = entry.get("config")
+    known = sorted(f.name for f in dataclasses.fields(EncoderConfig))
+    if not isinstance(raw, dict) or set(raw) - set(known):
+        raise ModelLoadError(f"{where}: config {shown(raw)}; an encoder's config has {', '.join(known)}")
+    sizes = {k: positive_int(raw, k, where) for k in ("d_model", "num_heads", "d_ff", "num_layers")}
+    sizes["max_sequence_length"] = positive_int(raw, "max_sequence_length", where)
+    if sizes["d_model"] % sizes["num_heads"]:
+        raise ModelLoadError(
+            f"{where}: config.num_heads {sizes['num_heads']} does not divide config.d_model {sizes['d_model']}"
+        )
+    if not isinstance(raw.get("norm_first"), bool):
+        raise ModelLoadError(f"{where}: config.norm_first {shown(raw.get('norm_first'))}; expected true or false")
+    fields: dict[str, Any] = {**sizes, "norm_first": raw["norm_first"], "eps": positive_float(raw, "eps", where, 1e-5)}
+    return EncoderConfig(**fields, **_architecture(raw, where))
+
+
+def _architecture(raw: Mapping[str, Any], where: Path) -> dict[str, Any]:
+    """The fields a user's model adds (activation, positional encoding, bias, final norm); absent, the defaults'."""
+    default = EncoderConfig()
+    chosen = {
+        "activation": (raw.get("activation", default.activation), tuple(reference.ACTIVATIONS)),
+        "positional_encoding": (raw.get("positional_encoding", default.positional_encoding), POSITIONAL_ENCODINGS),
+        "bias": (raw.get("bias", default.bias), (True, False)),
+        "final_norm": (raw.get("final_norm", default.final_norm), (True, False, None)),
+    }
+    for key, (value, allowed) in chosen.items():
+        if not any(value is a if isinstance(a, bool) or a is None else value == a for a in allowed):
+            expected = ", ".join("null" if a is None else str(a).lower() if isinstance(a, bool) else a for a in allowed)
+            raise ModelLoadError(f"{where}: config.{key} {shown(value)}; expected one of {expected}")
+    fields = {key: value for key, (value, _) in chosen.items()}
+    final_eps = raw.get("final_eps")
+    fields["final_eps"] = None if final_eps is None else positive_float(raw, "final_eps", where, 1e-5)
+    return fields

@@ -8,8 +8,10 @@ float64 math (spec section 1); the statistics are its float64 sums.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 import numpy as np
@@ -18,10 +20,19 @@ from app.core import reference
 from app.core.conditioning import condition_rows, correct_rows, moments, refine_rows
 from app.core.dataplane import Fields, NormalizeInput, NormalizeOutput
 from app.core.kernels import FusedKernel, check_kernel
-from app.core.model import FLOAT, Loaded, Model, Signature, TensorSpec
-from app.core.repository import WEIGHTS_FILE
+from app.core.model import (
+    FLOAT,
+    Loaded,
+    Model,
+    ModelLoadError,
+    Signature,
+    TensorSpec,
+    positive_float,
+    read_weights,
+)
+from app.core.repository import MANIFEST, WEIGHTS_FILE
 from app.core.tensors import check_finite
-from app.errors import InvalidInput
+from app.errors import InvalidInput, shown
 
 FLOAT32_ULP = 2.0**-23
 CHUNK_ELEMENTS = 1 << 18  # rows of a larger input run in chunks of about this many elements (1 MiB)
@@ -52,17 +63,29 @@ class LayerNormModel(Model):
 
     kind = "layernorm"
     parameters = ("eps", "eps_mode", "normalized_ndim")
+    numbers = MappingProxyType({"eps": float, "normalized_ndim": int})
 
     def __init__(self, loaded: Loaded) -> None:
         super().__init__(loaded)
+        where = loaded.path.parent / MANIFEST
         config = loaded.entry.get("config") or {}
-        self.normalized_shape: tuple[int, ...] = tuple(config.get("normalized_shape", ()))
-        self.eps = float(config.get("eps", DEFAULT_EPS))
+        shape = config.get("normalized_shape", []) if isinstance(config, dict) else None
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 1 for d in shape):
+            message = f"config.normalized_shape {shown(shape)}; expected a list of positive integers"
+            raise ModelLoadError(f"{where}: {message}")
+        self.normalized_shape: tuple[int, ...] = tuple(shape)
+        self.eps = positive_float(config, "eps", where, DEFAULT_EPS)
+        self.graph = (INPUTS, OUTPUTS)
         self.gamma: np.ndarray | None = None
         self.beta: np.ndarray | None = None
         if self.normalized_shape:
-            with np.load(loaded.path.parent / WEIGHTS_FILE, allow_pickle=False) as npz:  # sha256: the runtime's
-                self.gamma, self.beta = (npz[k].astype(np.float32).reshape(self.normalized_shape) for k in STATE)
+            weights = read_weights(loaded)
+            if any(weights.get(k, np.empty(0)).size != math.prod(shape) for k in STATE):
+                found = {k: list(v.shape) for k, v in weights.items()}
+                raise ModelLoadError(
+                    f"{loaded.path.parent / WEIGHTS_FILE}: expected gamma and beta of {shape} elements, got {found}"
+                )
+            self.gamma, self.beta = (weights[k].astype(np.float32).reshape(self.normalized_shape) for k in STATE)
         self.kernel = FusedKernel(loaded.session.get_session_options())  # the same threads as the model's session
         self.kernel.session(self.eps)  # built at load, not by the first request
         trailing = self.normalized_shape or (-1,)
@@ -161,7 +184,7 @@ class LayerNormModel(Model):
         mean, var = moments(x2)  # R, R: the statistics every backend reports
         start = time.perf_counter()
         outputs = kernel.run(None, {"input": x2, "gamma": gamma, "beta": beta})
-        self._observe(self.name, self.version, time.perf_counter() - start, len(x2))
+        self._observe(self.name, self.version, time.perf_counter() - start, len(x2), self.warming)
         g_max = 1.0 if req.gamma is None else float(np.abs(gamma).max())
         b_max = 0.0 if req.beta is None else float(np.abs(beta).max())
         check = check_kernel(mean, var, req.eps, outputs, g_max, b_max)

@@ -21,14 +21,14 @@ import numpy as np
 import onnxruntime as ort
 
 from app.core.dataplane import Fields, ModelInfo
-from app.core.repository import Policy
-from app.errors import InvalidInput
+from app.core.repository import WEIGHTS_FILE, Policy
+from app.errors import InvalidInput, shown
 from app.settings import Settings
 
 # (name, shape) in graph order; a str dim is a named dynamic axis, an int a fixed size.
 Signature = list[tuple[str, list[str | int]]]
-# Told of every onnxruntime run: (model, version, seconds, rows in the batch).
-RunObserver = Callable[[str, str, float, int], None]
+# Told of every onnxruntime run: (model, version, seconds, rows in the batch, whether it is the load's warm-up).
+RunObserver = Callable[[str, str, float, int, bool], None]
 FLOAT = ("FP32", "FP64")  # accepted for float inputs; FP64 is cast once to float32
 PLATFORM = "onnxruntime_onnx"
 
@@ -63,12 +63,109 @@ class Loaded:
     policy: Policy | None = None  # the model's model.json: dynamic batching overrides the server's settings
 
 
+def positive_int(config: Mapping[str, Any], key: str, where: Path) -> int:
+    """A config field that sizes the model: ModelLoadError naming the manifest and the field unless it is >= 1."""
+    value = config.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ModelLoadError(f"{where}: config.{key} {shown(value)}; expected a positive integer")
+    return value
+
+
+def positive_float(config: Mapping[str, Any], key: str, where: Path, default: float) -> float:
+    """An eps: finite and > 0, or ModelLoadError naming the field."""
+    value = config.get(key, default)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < float("inf"):
+        raise ModelLoadError(f"{where}: config.{key} {shown(value)}; expected a positive finite number")
+    return float(value)
+
+
+def read_weights(loaded: Loaded) -> dict[str, np.ndarray]:
+    """weights.npz as float64 arrays; it must be listed in the manifest's files, so that its sha256 was checked."""
+    path = loaded.path.parent / WEIGHTS_FILE
+    if WEIGHTS_FILE not in loaded.entry.get("files", {}):
+        raise ModelLoadError(f"{path}: not listed in the manifest's files, so its sha256 cannot be checked")
+    try:
+        with np.load(path, allow_pickle=False) as npz:  # no pickle: weights are plain arrays
+            return {k: npz[k].astype(np.float64) for k in npz.files}
+    except Exception as e:  # a zip that is not one, an array that is not numbers, a missing file
+        raise ModelLoadError(f"{path}: unreadable weights ({describe(e)})") from None
+
+
+def describe(error: BaseException) -> str:
+    """An unexpected error while loading, for a reason in the index: its class and its first 300 characters."""
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    text = str(error).strip()
+    text = text if len(text) <= 300 else text[:299] + "…"
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def shown_signature(signature: Signature) -> str:
+    return ", ".join(f"{name}[{','.join(map(str, dims))}]" for name, dims in signature)
+
+
+def graph_signature(args: list[Any]) -> Signature:
+    """onnxruntime's NodeArgs as a Signature: a dynamic dim is its name (or "?" when it has none)."""
+    return [(a.name, [d if isinstance(d, int) else (d or "?") for d in a.shape]) for a in args]
+
+
+def _fits(graph: Signature, expected: Signature) -> bool:
+    """Same names in the same order, each fixed dim equal and each dynamic one dynamic (its name may differ)."""
+    if [n for n, _ in graph] != [n for n, _ in expected]:
+        return False
+    for (_, got), (_, want) in zip(graph, expected, strict=True):
+        if len(got) != len(want):
+            return False
+        for g, w in zip(got, want, strict=True):
+            if isinstance(w, int) != isinstance(g, int) or (isinstance(w, int) and g != w):
+                return False
+    return True
+
+
+def check_graph(model: Model, manifest: Mapping[str, Any], where: Path) -> None:
+    """The session's inputs and outputs are what the kind and its config expect, and what the manifest lists:
+    a manifest that disagrees with its graph (another d_model, another list of LayerNorms) would otherwise
+    load, and turn requests into onnxruntime errors."""
+    graph_in, graph_out = graph_signature(model.session.get_inputs()), graph_signature(model.session.get_outputs())
+    want_in, want_out = model.graph
+    for side, got, want in (("inputs", graph_in, want_in), ("outputs", graph_out, want_out)):
+        if not _fits(got, want):
+            raise ModelLoadError(
+                f"{where}: the graph's {side} are {shown_signature(got)}; the {model.kind} kind with this config "
+                f"expects {shown_signature(want)}"
+            )
+        listed = manifest.get(side)
+        if listed is not None and _names_and_shapes(listed) != [
+            {"name": n, "shape": [d if isinstance(d, int) else -1 for d in dims]} for n, dims in got
+        ]:
+            raise ModelLoadError(f"{where}: {side} {shown(listed)} do not match the graph's {shown_signature(got)}")
+
+
+def _names_and_shapes(listed: Any) -> Any:
+    """The manifest's inputs or outputs without their datatypes: what the session's signature can be held to."""
+    if not isinstance(listed, list):
+        return listed
+    return [{"name": t.get("name"), "shape": t.get("shape")} if isinstance(t, dict) else t for t in listed]
+
+
 def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def version_sha256(files: Mapping[str, str]) -> str:
+    """The identity a version answers with: the sha256 of `sha256sum`'s lines for every file of the version.
+
+    Over every file, not model.onnx alone: trained LayerNorms share the default graph and differ only in
+    weights.npz. Over the files' sha256s, not manifest.json: a re-export of the same files on another
+    machine records other parity figures and library versions but computes the same thing. In a version
+    folder, `sha256sum model.onnx weights.npz | sha256sum` (files in name order) prints the same digest.
+    """
+    lines = "".join(f"{files[name]}  {name}\n" for name in sorted(files))
+    return hashlib.sha256(lines.encode()).hexdigest()
 
 
 def verify(path: Path, expected: str) -> None:
@@ -87,6 +184,8 @@ class Model(ABC):
     inputs: tuple[TensorSpec, ...]  # the V2 view, built once at load
     outputs: tuple[TensorSpec, ...]
     parameters: ClassVar[tuple[str, ...]] = ()  # V2 request parameters the model reads
+    numbers: ClassVar[Mapping[str, type[int] | type[float]]] = {}  # those of them that are numbers, and which kind
+    graph: tuple[Signature, Signature]  # the session's inputs and outputs that this kind and its config expect
 
     def __init__(self, loaded: Loaded) -> None:
         entry = loaded.entry
@@ -96,6 +195,7 @@ class Model(ABC):
         self.session = loaded.session
         self.parity: dict[str, Any] = dict(entry.get("parity", {}))
         self.load_seconds = 0.0
+        self.warming = False  # while the runtime runs its parity warm-up: no client's runs (Triton's statistics)
         self.version_policy = loaded.policy.version_policy if loaded.policy is not None else None
         self._observe = loaded.observe
 
@@ -115,7 +215,7 @@ class Model(ABC):
         """One onnxruntime run, merged batches included: each is observed (metrics, Triton's execution count)."""
         start = time.perf_counter()
         result: list[np.ndarray] = self.session.run(outputs, dict(feeds))
-        self._observe(self.name, self.version, time.perf_counter() - start, len(feeds["input"]))
+        self._observe(self.name, self.version, time.perf_counter() - start, len(feeds["input"]), self.warming)
         return result
 
     @functools.cached_property

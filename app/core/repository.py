@@ -129,7 +129,8 @@ class Repository:
         """The folder of a model, 404 when the repository has none of that (checked) name."""
         path = self.root / check_name(name)
         if not path.is_dir():
-            raise ModelNotFound(f"no model {name!r} in the repository", "model")
+            available = ", ".join(self.names() if self.root.is_dir() else []) or "none"  # a typo shows the right name
+            raise ModelNotFound(f"no model {name!r} in the repository; available: {available}", "model")
         return path
 
     def versions(self, name: str) -> list[int]:

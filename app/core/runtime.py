@@ -14,12 +14,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import onnxruntime as ort
 
 from app.core.encoder import EncoderModel
 from app.core.layernorm import LayerNormModel
-from app.core.model import Loaded, Model, ModelLoadError, RunObserver, verify
+from app.core.model import Loaded, Model, ModelLoadError, RunObserver, check_graph, describe, verify, version_sha256
 from app.core.repository import MANIFEST, MODEL_FILE, Policy, Repository, check_name, check_version
 from app.errors import ModelNotFound
 from app.settings import Settings
@@ -48,7 +50,7 @@ def session_options(settings: Settings) -> ort.SessionOptions:
     return opts
 
 
-def _ignore(_model: str, _version: str, _seconds: float, _rows: int) -> None:
+def _ignore(_model: str, _version: str, _seconds: float, _rows: int, _warm_up: bool) -> None:
     """The observer of a runtime nobody watches (benchmarks, tests)."""
 
 
@@ -84,15 +86,21 @@ class Runtime:
                 self.publish(model)
 
     def build(self, name: str, version: int, policy: Policy | None = None) -> Model:
-        """sha256 of every file and the session: ModelLoadError names the file. Not warmed up, not serving."""
+        """sha256 of every file, the session, the manifest checked against it: ModelLoadError names the file and
+        says why, whatever broke (a file can be anything). Not warmed up, not serving."""
         start = time.perf_counter()
         folder = self.repository.version_dir(name, version)
-        if not (folder / MANIFEST).is_file():
-            raise ModelLoadError(f"{folder / MANIFEST}: manifest missing")
         try:
-            manifest = self.repository.manifest(name, version)
-        except (OSError, ValueError) as e:
-            raise ModelLoadError(f"{folder}: unreadable manifest ({e})") from None
+            model = self._build(name, version, folder, policy)
+        except ModelLoadError:
+            raise
+        except Exception as e:  # a kind's constructor reading a manifest or weights that are not what it expects
+            raise ModelLoadError(f"{folder / MANIFEST}: {describe(e)}") from e
+        model.load_seconds = time.perf_counter() - start
+        return model
+
+    def _build(self, name: str, version: int, folder: Path, policy: Policy | None) -> Model:
+        manifest = self._manifest(name, version, folder)
         kind = KINDS.get(manifest.get("kind", ""))
         if kind is None:
             raise ModelLoadError(f"{folder}: unknown kind {manifest.get('kind')!r}; expected one of {sorted(KINDS)}")
@@ -102,17 +110,46 @@ class Runtime:
         for file, sha256 in sorted(files.items()):
             verify(folder / check_name(file, "files"), str(sha256))
         path = folder / MODEL_FILE
-        session = ort.InferenceSession(str(path), sess_options=self._opts, providers=["CPUExecutionProvider"])
+        session = self._session(path)
         policy = policy or self.repository.policy(name)
-        entry = {**manifest, "name": name, "version": str(version), "sha256": files[MODEL_FILE]}
+        entry = {**manifest, "name": name, "version": str(version), "sha256": version_sha256(files)}
         model = kind(Loaded(entry, path, session, self.settings, self._observe, self._in_flight, policy))
-        model.load_seconds = time.perf_counter() - start
+        try:
+            check_graph(model, manifest, folder / MANIFEST)
+        except ModelLoadError:
+            model.close()  # its batcher's thread: the version never serves
+            raise
         return model
+
+    def _manifest(self, name: str, version: int, folder: Path) -> dict[str, Any]:
+        if not (folder / MANIFEST).is_file():
+            raise ModelLoadError(f"{folder / MANIFEST}: manifest missing")
+        try:
+            return self.repository.manifest(name, version)
+        except (OSError, ValueError, RecursionError) as e:
+            reason = describe(e) if isinstance(e, RecursionError) else str(e)
+            raise ModelLoadError(f"{folder}: unreadable manifest ({reason})") from None
+
+    def _session(self, path: Path) -> ort.InferenceSession:
+        try:
+            return ort.InferenceSession(str(path), sess_options=self._opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime's own classes (InvalidProtobuf, Fail, ...) derive from Exception only
+            text = str(e)
+            detail = text.split(" failed:", 1)[1] if " failed:" in text else text
+            raise ModelLoadError(f"{path}: onnxruntime cannot load it: {detail.strip()}") from None
 
     @staticmethod
     def warm_up(model: Model) -> tuple[float, float]:
         """The model on fixed inputs against the NumPy reference: (max abs diff, tolerance); ModelLoadError past it."""
-        diff, atol = model.warm_up()
+        model.warming = True  # its runs are told to the observer as the warm-up's, whether at start or on a load
+        try:
+            diff, atol = model.warm_up()
+        except ModelLoadError:
+            raise
+        except Exception as e:  # the graph or the weights fail on the warm-up's inputs: they would on a request's
+            raise ModelLoadError(f"{model.path}: parity warm-up failed: {describe(e)}") from e
+        finally:
+            model.warming = False
         if not diff <= atol:
             raise ModelLoadError(f"{model.path}: parity warm-up failed, max abs diff {diff:.3g} > {atol:.3g}")
         return diff, atol

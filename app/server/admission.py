@@ -22,6 +22,9 @@ class Admission:
         self.in_flight = 0
         self._ready = False
         self.draining = False
+        # Start-up is over though some model failed: not ready (strict readiness), but the models that loaded
+        # take requests, as Triton's do.
+        self.started = False
         self.not_ready_reason = "models are loading"
         self._lock = threading.Lock()  # released from worker threads, acquired on the event loop
         self._idle = threading.Condition(self._lock)
@@ -60,7 +63,7 @@ class Admission:
         with self._lock:
             if self.draining:
                 raise NotReady("server is shutting down; retry on another replica")
-            if not self.ready:
+            if not (self.ready or self.started):
                 raise NotReady(f"server is not ready: {self.not_ready_reason}")
             if self.in_flight >= self.max_in_flight:
                 raise Overloaded(f"{self.in_flight} requests in flight, the limit (NORMSERVE_MAX_IN_FLIGHT)")

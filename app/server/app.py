@@ -12,7 +12,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 
 from app import __version__
-from app.server import logs, metrics, tracing
+from app.server import group, logs, metrics, modelsync, tracing
 from app.server.api import docs, errors, health, openapi, playground
 from app.server.api import metrics as metrics_api
 from app.server.api.direct import DirectRoute
@@ -37,15 +37,22 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     tracing.STATE.configure(os.environ)  # OTLP export from OTEL_* in each worker process, after the fork
     # The threadpool runs every inference; it must admit as many as the in-flight limit does.
     anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, worker.settings.max_in_flight)
+    if worker.settings.model_control == "explicit" and group.one_of_several():  # loads reach every worker
+        group.reap_shared_dirs()
+        worker.sync = modelsync.ModelSync(worker.control, group.shared_dir())
     starting = asyncio.create_task(asyncio.to_thread(worker.start))  # liveness answers meanwhile
     polling = asyncio.create_task(poll(worker, starting)) if worker.settings.model_control == "poll" else None
+    watching = asyncio.create_task(modelsync.watch(worker.sync, starting, worker.settle)) if worker.sync else None
     worker.drain.install()  # SIGTERM: not ready at once, in-flight requests finish, then uvicorn's shutdown
     async with grpc_server.serving(worker):  # gRPC on NORMSERVE_GRPC_PORT in this worker, stopped with a grace
         yield
     worker.drain.uninstall()
     worker.admission.draining = True
-    if polling is not None:
-        polling.cancel()
+    for task in (polling, watching):
+        if task is not None:
+            task.cancel()
+    if worker.sync is not None:
+        worker.sync.leave()
     await starting
     tracing.STATE.shutdown()  # flushes the spans still queued
     metrics.worker_exit()
@@ -58,6 +65,7 @@ async def poll(worker: Worker, starting: asyncio.Task[None]) -> None:
         await asyncio.sleep(worker.settings.poll_interval_s)
         try:
             await asyncio.to_thread(worker.control.poll)
+            worker.settle()
         except Exception:  # a folder half written or gone: the next scan sees it again, the loop must go on
             log.exception("poll: scanning %s failed", worker.settings.model_dir)
 

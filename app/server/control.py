@@ -10,7 +10,8 @@ policy no longer selects only once the new ones serve; a failed load changes not
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+import re
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from app.core.model import Model, ModelLoadError
@@ -20,7 +21,9 @@ from app.errors import ModelControlDisabled, ModelLoadFailed, ModelNotFound
 from app.server import metrics
 
 log = logging.getLogger("normserve.models")
-LOAD_ERRORS = (ModelLoadError, PolicyError, OSError, ValueError, KeyError, TypeError)
+# RuntimeError: ModelLoadError, which the runtime raises for anything a version's files break, and a
+# RecursionError from a model.json nested too deeply.
+LOAD_ERRORS = (RuntimeError, PolicyError, OSError, ValueError, KeyError, TypeError)
 Stamp = tuple[tuple[str, int, int], ...]  # (file, size, mtime_ns) of every file of a model's folder
 
 
@@ -120,10 +123,50 @@ class ModelControl:
             except ModelNotFound:
                 raise
             except LOAD_ERRORS as e:
-                raise ModelLoadFailed(f"failed to load model {name!r}: {e}") from None
+                raise ModelLoadFailed(f"failed to load model {name!r}: {self.relative(e)}") from None
             for version in sorted(set(self.runtime.serving.get(name, {})) - set(selected)):
                 self._retire(name, version, "not selected by the version_policy any more")
             return models
+
+    def build_exactly(self, name: str, versions: list[int]) -> list[Model]:
+        """These versions of a model, those not serving yet, built: what another worker of the server loaded."""
+        return self._build(name, self.repository.policy(name), sorted(versions, reverse=True), ())
+
+    def serve_exactly(self, name: str, versions: list[int]) -> None:
+        """Serve these versions of a model and no other: what another worker of the server loaded (modelsync.py)."""
+        with self.runtime.lock:
+            try:
+                self.warm_up(self.build_exactly(name, versions))
+            except LOAD_ERRORS as e:
+                raise ModelLoadFailed(f"failed to load model {name!r}: {e}") from None
+            for version in sorted(set(self.runtime.serving.get(name, {})) - set(versions)):
+                self._retire(name, version, "not selected by the version_policy any more")
+
+    def start(
+        self, names: list[str], exactly: Mapping[str, list[int]] | None = None
+    ) -> tuple[dict[tuple[str, str], tuple[float, float]], dict[str, str]]:
+        """Each start-up model loaded on its own: those that load serve whatever the others do. The warm-up
+        figures by (name, version), and by name why each model that failed did (its file, repository-relative).
+        With `exactly`, what the server's other workers serve since a load or unload (modelsync.py) instead."""
+        figures: dict[tuple[str, str], tuple[float, float]] = {}
+        failures = {}
+        for name in names if exactly is None else sorted(exactly):
+            with self.runtime.lock:
+                try:
+                    models = self.build(name) if exactly is None else self.build_exactly(name, exactly[name])
+                    figures |= self.warm_up(models)
+                except (*LOAD_ERRORS, ModelNotFound) as e:
+                    failures[name] = self.relative(e)
+        return figures, failures
+
+    def relative(self, error: Exception) -> str:
+        """An error's text with the repository's root taken off its paths: reasons are shown to clients (the
+        index, readiness), which need the model's file, not where the server keeps its repository."""
+        text = str(error)
+        root = self.repository.root
+        for prefix in sorted({str(root.resolve()), str(root.absolute()), str(root)}, key=len, reverse=True):
+            text = re.sub(rf"(?<![\w.-]){re.escape(prefix)}/", "", text)
+        return text
 
     def unload(self, name: str) -> list[int]:
         """Retire every version of a model: requests already holding one finish on it. The versions retired."""
@@ -196,16 +239,21 @@ class ModelControl:
             log.info("unloaded model %s version %s: %s", name, version, reason, extra={"model": name})
 
     def _failed(self, name: str, version: int, error: Exception, others: list[Model]) -> None:
-        """The version's state says why; the versions loaded with it do not serve either (they change together)."""
+        """The version's state says why; the versions loaded with it do not serve either (they change together),
+        and none of those built for this load will: their batchers stop."""
         for model in others:
+            model.close()
             if model.version != str(version) and int(model.version) not in self.runtime.serving.get(name, {}):
                 self.runtime.states[name, int(model.version)] = State(UNAVAILABLE, f"version {version} failed")
+        reason = self.relative(error)
         if version in self.runtime.serving.get(name, {}):  # a reload: the version loaded before goes on serving
-            self.runtime.states[name, version] = State(READY, f"reload failed; the previous files serve: {error}")
+            self.runtime.states[name, version] = State(READY, f"reload failed; the previous files serve: {reason}")
         else:
-            self.runtime.states[name, version] = State(UNAVAILABLE, str(error))
+            self.runtime.states[name, version] = State(UNAVAILABLE, reason)
         metrics.record_load_failure(name, str(version))
-        log.error("model %s version %s failed to load: %s", name, version, error, extra={"model": name})
+        log.error(
+            "model %s version %s failed to load: %s", name, version, reason, extra={"model": name, "version": version}
+        )
 
 
 __all__ = ["LegacyLayout", "ModelControl", "stamp"]

@@ -42,7 +42,27 @@ class JsonFormatter(logging.Formatter):
         doc.update((k, v) for k, v in record.__dict__.items() if k not in _SKIP)
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
-        return orjson.dumps(doc, default=str, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+        return one_line(orjson.dumps(doc, default=str, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+
+
+def one_line(line: str) -> str:
+    """A JSON record with every character that is not printable escaped as \\uXXXX.
+
+    orjson escapes only what JSON requires (U+0000..U+001F); U+2028 and U+2029 (line separators to
+    str.splitlines, JavaScript and many log viewers), U+0085, bidi overrides (U+202E) and zero-width
+    characters from a client's path would pass raw, and one record would read as two lines or as
+    other text. Escaped, the JSON still parses to the client's exact characters."""
+    if line.isprintable():  # C speed, the usual case
+        return line
+    return "".join(ch if ch.isprintable() else _escaped(ch) for ch in line)
+
+
+def _escaped(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # outside the BMP: JSON's surrogate pair
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def _level(name: str) -> str:
@@ -101,10 +121,10 @@ def access(fields: dict[str, Any]) -> None:
         return
     created = time.time()
     doc = {"ts": _timestamp(created, (created - int(created)) * 1000), **_ACCESS_HEAD, **fields}
-    line = orjson.dumps(doc, default=str, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
+    line = one_line(orjson.dumps(doc, default=str, option=orjson.OPT_SERIALIZE_NUMPY).decode()) + "\n"
     try:
         with handler.lock or nullcontext():
-            handler.stream.write(line.decode())
+            handler.stream.write(line)
             handler.stream.flush()
     except (OSError, ValueError):  # a closed or broken stderr: logging drops the line too, never the request
         pass

@@ -27,6 +27,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from app.server import group
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -231,16 +233,6 @@ def render() -> bytes:
 _LIVE_FILE = re.compile(r"gauge_live\w+_(\d+)\.db")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 def reap_dead_workers() -> list[int]:
     """Drop the live gauges of workers that died without cleaning up (killed, crashed); returns their pids.
 
@@ -251,7 +243,7 @@ def reap_dead_workers() -> list[int]:
     if directory is None or not directory.is_dir():
         return []
     pids = {int(m.group(1)) for f in directory.iterdir() if (m := _LIVE_FILE.fullmatch(f.name))}
-    dead = sorted(pid for pid in pids if not _alive(pid))
+    dead = sorted(pid for pid in pids if not group.alive(pid))
     for pid in dead:
         multiprocess.mark_process_dead(pid, str(directory))  # type: ignore[no-untyped-call]
     return dead

@@ -8,8 +8,11 @@ success/fail ns are the whole request. Every inference request to a known model 
 not succeed counts as one failure, whatever stage it failed in.
 
 An inference is a request; an execution is one onnxruntime run. Dynamic batching merges
-requests into one run, and a large layernorm input runs in row chunks, so the two differ;
-`batch_stats` counts the runs per batch size (rows of the run), as Triton does.
+requests into one run, and a large layernorm input runs in row chunks, so the two differ.
+`batch_stats` counts every run as batch size 1, as Triton reports a model whose config says
+`max_batch_size: 0` (the inputs carry their own batch dim, Triton adds none): a batch size there
+would have to be Triton's batch dim, which these models have not. The rows per run are in the
+Prometheus metric normserve_inference_batch_size. The load's parity warm-up is no execution.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ class ModelStats:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
     stages: dict[str, Duration] = field(default_factory=lambda: {s: Duration() for s in STAGES})
-    batches: dict[int, Duration] = field(default_factory=dict)  # onnxruntime runs by batch size
+    batches: dict[int, Duration] = field(default_factory=dict)  # onnxruntime runs by batch size (always 1)
 
     def as_dict(self) -> dict[str, Any]:
         zero = Duration().as_dict()  # the run's tensors are the request's: no input or output stage of its own
@@ -122,12 +125,12 @@ class Statistics:
             entry.inference_count += 1  # one request is one inference: the models have no batch dim of Triton's
             entry.last_inference = time.time_ns() // 1_000_000
 
-    def record_execution(self, name: str, version: str, rows: int, ns: int) -> None:
-        """One onnxruntime run of `rows` batch entries (merged requests, or one chunk of a large one)."""
+    def record_execution(self, name: str, version: str, ns: int) -> None:
+        """One onnxruntime run (merged requests, or one chunk of a large one): batch size 1, as max_batch_size is 0."""
         with self._lock:
             entry = self._entry(name, version)
             entry.execution_count += 1
-            entry.batches.setdefault(rows, Duration()).add(ns)
+            entry.batches.setdefault(1, Duration()).add(ns)
 
     def record_failure(self, name: str, version: str, timer: InferTimer) -> None:
         total = timer.elapsed()

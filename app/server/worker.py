@@ -22,6 +22,7 @@ from app.server import metrics, observability
 from app.server.admission import Admission
 from app.server.control import LOAD_ERRORS, ModelControl
 from app.server.drain import Drain
+from app.server.modelsync import ModelSync
 from app.server.statistics import InferTimer, Statistics
 from app.settings import Settings
 
@@ -45,7 +46,9 @@ class Worker:
         # The batchers stop waiting once every request in flight in this worker is in the batch.
         self.runtime = Runtime(settings, observe=self._observe_run, in_flight=self.admission.count)
         self.control = ModelControl(self.runtime)
+        self.sync: ModelSync | None = None  # explicit mode with several workers: set by the app's lifespan
         self.drain = Drain(self.admission, settings.drain_timeout_s)
+        self.failed_at_start: dict[str, str] = {}  # model name: why it failed at start (readiness waits on them)
 
     def load(self) -> list[Model]:
         """sha256 checks and sessions of every model loaded at start (ModelLoadError names the file)."""
@@ -60,13 +63,29 @@ class Worker:
     def start(self) -> None:
         """Load, warm up, then ready; a failure leaves the worker live but not ready, with the reason.
 
-        Triton's strict readiness: every model meant to be served at start must load."""
+        Triton's strict readiness: every model meant to be served at start must load. Those that did serve
+        meanwhile, and readiness names each one that failed and why."""
+        if self.settings.model_control == "explicit" and not self.settings.admin_token:
+            log.warning(
+                "NORMSERVE_MODEL_CONTROL is explicit but NORMSERVE_ADMIN_TOKEN is not set: the repository API "
+                "(load, unload) and the trace and logging routes are closed until a token is set"
+            )
         try:
-            figures = self.warm_up(self.load())
+            names = self.control.startup_names()
         except (*LOAD_ERRORS, LegacyLayout) as e:
-            self.admission.not_ready_reason = f"model check failed: {e}"
-            self.control.abandon(f"not loaded: {self.admission.not_ready_reason}")
-            log.error("not ready: %s", e, extra={"reason": self.admission.not_ready_reason})
+            self._not_ready(str(e))  # the repository itself: the operator needs its path
+            if self.sync is not None:
+                self.sync.started(failed=True)
+            return
+        self.admission.not_ready_reason = "parity warm-up running"
+        # A worker started after loads and unloads (uvicorn replaced one) serves what the others serve.
+        figures, failures = self.control.start(names, None if self.sync is None else self.sync.published())
+        if self.sync is not None:  # what the other workers loaded and unloaded since they started
+            self.sync.started()
+        if failures:
+            self.failed_at_start = failures
+            self._not_ready("; ".join(failures.values()))
+            self.admission.started = True  # the models that loaded take requests
             return
         diffs = {f"{name}/{version}": diff for (name, version), (diff, _) in figures.items()}
         log.info(
@@ -75,6 +94,37 @@ class Worker:
             extra={"parity_max_abs_diff": diffs},
         )
         self.admission.ready = True
+
+    def load_model(self, name: str) -> list[Model]:
+        """A load through the repository API; with several workers, applied by every one before it returns."""
+        models = self.control.load(name) if self.sync is None else self.sync.run(lambda: self.control.load(name), name)
+        self.settle()
+        return models
+
+    def unload_model(self, name: str) -> list[int]:
+        """An unload through the repository API; with several workers, applied by every one before it returns."""
+        if self.sync is None:
+            return self.control.unload(name)
+        return self.sync.run(lambda: self.control.unload(name), name)
+
+    def settle(self) -> None:
+        """After a load (poll, the repository API): a worker whose start left models failing becomes ready once
+        each of them serves or has left the repository, as Triton's strict readiness does; until then readiness
+        names those still failing."""
+        if not self.admission.started or self.admission.ready:
+            return
+        on_disk = set(self.control.repository.names())
+        failing = {n: r for n, r in self.failed_at_start.items() if n not in self.runtime.serving and n in on_disk}
+        if failing:
+            self.admission.not_ready_reason = f"model check failed: {'; '.join(failing.values())}"
+            return
+        log.info("ready: every model that failed at start now serves")
+        self.admission.ready = True
+
+    def _not_ready(self, reason: str) -> None:
+        self.admission.not_ready_reason = f"model check failed: {reason}"
+        self.control.abandon(f"not loaded: {self.admission.not_ready_reason}")
+        log.error("not ready: %s", reason, extra={"reason": self.admission.not_ready_reason})
 
     def model(self, name: str, version: str | int | None = None) -> Model:
         """The model, 404 if unknown; 503 while models are still loading, when unknown may just mean not yet."""
@@ -94,10 +144,10 @@ class Worker:
             return model.metadata
         return {**model.metadata, "versions": [str(v) for v in sorted(self.runtime.serving.get(model.name, {}))]}
 
-    def _observe_run(self, model: str, version: str, seconds: float, rows: int) -> None:
+    def _observe_run(self, model: str, version: str, seconds: float, rows: int, warm_up: bool) -> None:
         metrics.observe_inference(model, version, seconds, rows)
-        if self.admission.ready:  # the warm-up's runs are no client's executions
-            self.statistics.record_execution(model, version, rows, int(seconds * 1e9))
+        if not warm_up:  # the warm-up's runs, at start or on a load through the API, are no client's executions
+            self.statistics.record_execution(model, version, int(seconds * 1e9))
 
     async def infer(
         self, timer: InferTimer, fn: Callable[[], T], inline: bool = False, deadline_s: float | None = None

@@ -7,26 +7,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.live_server import ROOT
-
-
-@pytest.fixture(scope="session")
-def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv with only `pip install -e <checkout>` (about a minute: built once per session)."""
-    venv = tmp_path_factory.mktemp("base") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "--quiet", "-e", str(ROOT)],
-        check=True,
-        timeout=600,
-        capture_output=True,
-    )
-    return venv
 
 
 def normserve(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -56,9 +56,16 @@ def test_list_load_and_unload_a_version_as_an_operator_would(server: str, reposi
     [
         (["list", "--token", "wrong"], 2, "POST {url}/v2/repository/index: HTTP 403: authorization: wrong admin token"),
         (
-            ["load", "nope", "--token", TOKEN],
+            ["load", "layernrom", "--token", TOKEN],
             2,
-            "POST {url}/v2/repository/models/nope/load: HTTP 404: model: no model 'nope' in the repository",
+            "POST {url}/v2/repository/models/layernrom/load: HTTP 404: model: no model 'layernrom' in the repository; "
+            "available: layernorm",
+        ),
+        (
+            ["unload", "layernrom", "--token", TOKEN],
+            2,
+            "POST {url}/v2/repository/models/layernrom/unload: HTTP 404: model: no model 'layernrom' in the "
+            "repository; available: layernorm",
         ),
         (
             ["load", "../x", "--token", TOKEN],
@@ -84,7 +91,7 @@ def test_a_failed_load_exits_1_with_the_reason(server: str, repository: Path) ->
         assert out.returncode == 1
         assert out.stderr.startswith(
             f"normserve models: error: POST {server}/v2/repository/models/layernorm/load: HTTP 400: failed to load "
-            f"model 'layernorm': {folder}/model.onnx: sha256 "
+            f"model 'layernorm': {folder.relative_to(repository)}/model.onnx: sha256 "
         )
     finally:
         shutil.rmtree(folder)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from app.cli import serve
+from app.server import group
 from benchmarks.servers import HOST, free_port, server_process
 from tests.cli.normserve import NORMSERVE
 from tests.live_server import MODELS
@@ -26,7 +28,7 @@ def no_normserve_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_help_shows_the_defaults_that_the_environment_sets(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    env = {"HOST": "0.0.0.0", "PORT": "9001", "WORKERS": "3", "MODEL_DIR": "/srv/normserve"}
+    env = {"HOST": "0.0.0.0", "PORT": "9001", "GRPC_PORT": "9002", "WORKERS": "3", "MODEL_DIR": "/srv/normserve"}
     for name, value in env.items():
         monkeypatch.setenv(f"NORMSERVE_{name}", value)
     with pytest.raises(SystemExit) as e:
@@ -60,12 +62,61 @@ def test_a_port_in_use_is_refused_at_once_before_any_export(tmp_path: Path, caps
     assert not (tmp_path / "no-models").exists()
 
 
+@pytest.fixture
+def listening_port() -> Iterator[int]:
+    with socket.socket() as taken:
+        taken.bind((HOST, 0))
+        taken.listen()
+        yield int(taken.getsockname()[1])
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_a_grpc_port_in_use_is_refused_at_once_naming_the_option_and_the_variable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, listening_port: int, how: str
+) -> None:
+    args = ["--port", str(free_port()), "--model-dir", str(tmp_path / "no-models")]
+    if how == "flag":
+        args += ["--grpc-port", str(listening_port)]
+    else:
+        monkeypatch.setenv("NORMSERVE_GRPC_PORT", str(listening_port))
+    assert serve.command(args) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"normserve serve: error: gRPC port {listening_port} on {HOST} is already in use; "
+        "choose another with --grpc-port or NORMSERVE_GRPC_PORT"
+    ]
+    assert not (tmp_path / "no-models").exists()
+
+
+def test_a_grpc_port_claimed_by_another_server_is_refused_before_it_listens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()
+    with group.claim_grpc_port(port, owner="4242-1"):  # another server's parent, its workers not listening yet
+        args = ["--port", str(free_port()), "--grpc-port", str(port), "--model-dir", str(tmp_path / "no-models")]
+        assert serve.command(args) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"normserve serve: error: gRPC port {port} is already in use by another normserve server (pid {os.getpid()}); "
+        "choose another with --grpc-port or NORMSERVE_GRPC_PORT"
+    ]
+
+
+@pytest.mark.parametrize("port", ["-1", "65536"])
+def test_a_grpc_port_out_of_range_is_refused(capsys: pytest.CaptureFixture[str], port: str) -> None:
+    with pytest.raises(SystemExit) as e:
+        serve.command(["--grpc-port", port, "--model-dir", str(MODELS)])
+    assert e.value.code == 2
+    assert (
+        capsys.readouterr().err.splitlines()[-1]
+        == f"normserve serve: error: --grpc-port must be between 0 and 65535, not {port}"
+    )
+
+
 def test_without_a_manifest_it_exports_first_and_stops_when_the_export_fails(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "a-file").write_text("")
     model_dir = tmp_path / "a-file" / "models"  # cannot be created: the export fails before exporting anything
-    assert serve.command(["--port", str(free_port()), "--model-dir", str(model_dir)]) == 1
+    assert serve.command(["--port", str(free_port()), "--grpc-port", "0", "--model-dir", str(model_dir)]) == 1
     assert capsys.readouterr().err.splitlines() == [
         f"normserve serve: no models in {model_dir}, exporting them first",
         f"normserve export: error: [Errno 20] Not a directory: '{model_dir}'",

@@ -16,14 +16,27 @@ import pytest
 from app.core.dataplane import Fields, ModelInfo
 from app.core.encoder import EncoderModel
 from app.core.layernorm import LayerNormModel
-from app.core.model import PLATFORM, Loaded, Model, ModelLoadError, TensorSpec, sha256_of, verify
+from app.core.model import (
+    PLATFORM,
+    Loaded,
+    Model,
+    ModelLoadError,
+    TensorSpec,
+    describe,
+    positive_float,
+    positive_int,
+    sha256_of,
+    verify,
+    version_sha256,
+)
 from app.core.runtime import Runtime
 from app.errors import InvalidInput
 from app.server.api.v2.codec import FIELDS as V2_FIELDS
 from app.settings import Settings
 from tests.live_server import MODELS
+from tests.repositories import sha256sum_identity
 
-Run = tuple[str, str, float, int]
+Run = tuple[str, str, float, int, bool]
 
 
 def _entry(name: str) -> dict[str, Any]:
@@ -73,6 +86,19 @@ def test_sha256_of_equals_hashlib_at_any_size(tmp_path: Path, size: int) -> None
     path = tmp_path / "blob"
     path.write_bytes(data)
     assert sha256_of(path) == hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("name", ["layernorm", "encoder", "encoder-preln"])
+def test_version_identity_is_sha256sum_over_every_file_in_name_order(name: str) -> None:
+    files = _entry(name)["files"]
+    backwards = dict(reversed(files.items()))  # the manifest's order does not matter, the names' does
+    assert version_sha256(backwards) == version_sha256(files) == sha256sum_identity(MODELS / name / "1")
+
+
+@pytest.mark.parametrize("file", ["model.onnx", "weights.npz"])
+def test_version_identity_changes_with_any_file(file: str) -> None:
+    files = _entry("encoder")["files"]
+    assert version_sha256({**files, file: hashlib.sha256(b"retrained").hexdigest()}) != version_sha256(files)
 
 
 def test_verify_accepts_the_shipped_file_with_its_manifest_sha256() -> None:
@@ -141,15 +167,15 @@ def test_metadata_is_built_once_and_reports_the_kinds_tensors() -> None:
 
 
 @pytest.mark.parametrize(("rows", "cols"), [(1, 8), (3, 5), (40, 2)])
-def test_run_tells_the_observer_name_version_seconds_and_rows(rows: int, cols: int) -> None:
+def test_run_tells_the_observer_name_version_seconds_rows_and_no_warm_up(rows: int, cols: int) -> None:
     runs: list[Run] = []
     model = _layernorm({**_entry("layernorm"), "version": "7"}, runs)
     start = time.perf_counter()
     out, mean = model.run(_rows(rows, cols), ["output", "mean"])
     elapsed = time.perf_counter() - start
     assert (out.shape, mean.shape) == ((rows, cols), (rows, 1))
-    [(name, version, seconds, observed_rows)] = runs
-    assert (name, version, observed_rows) == ("layernorm", "7", rows)
+    [(name, version, seconds, observed_rows, warm_up)] = runs
+    assert (name, version, observed_rows, warm_up) == ("layernorm", "7", rows, False)
     assert 0 < seconds <= elapsed
 
 
@@ -167,8 +193,18 @@ def test_a_runtime_observer_is_told_of_each_encoder_run_with_its_batch() -> None
     assert isinstance(model, EncoderModel)
     x = np.zeros((3, 5, model.config.d_model), np.float32)
     model.run({"input": x, "padding_mask": np.zeros((3, 5), bool)}, ["output"])
-    [(name, version, seconds, rows)] = runs
-    assert (name, version, rows) == ("encoder-preln", "1", 3) and seconds > 0
+    [(name, version, seconds, rows, warm_up)] = runs
+    assert (name, version, rows, warm_up) == ("encoder-preln", "1", 3, False) and seconds > 0
+
+
+@pytest.mark.parametrize("name", ["layernorm", "encoder"])
+def test_the_runtimes_warm_up_tells_the_observer_each_run_is_the_warm_ups(name: str) -> None:
+    runs: list[Run] = []
+    runtime = Runtime(Settings(model_dir=MODELS, batch_max_size=1), observe=lambda *run: runs.append(run))
+    model = runtime.build(name, 1)
+    runtime.warm_up(model)
+    assert runs and all(run[4] for run in runs)
+    assert model.warming is False  # what runs next is a client's
 
 
 @pytest.mark.parametrize(
@@ -191,3 +227,49 @@ def test_check_tensors_refuses_a_missing_required_input(
 def test_check_tensors_accepts_the_required_inputs_alone(runtime: Runtime, model_name: str) -> None:
     model: Model = runtime.get(model_name)
     model.check_tensors({"input": np.zeros(1)}, Fields())
+
+
+# ---- load-time checks of a manifest's config ---------------------------------------------------------------------
+
+WHERE = Path("m/1/manifest.json")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (0, "m/1/manifest.json: config.d_model 0; expected a positive integer"),
+        (-3, "m/1/manifest.json: config.d_model -3; expected a positive integer"),
+        (True, "m/1/manifest.json: config.d_model True; expected a positive integer"),
+        (2.0, "m/1/manifest.json: config.d_model 2.0; expected a positive integer"),
+        (None, "m/1/manifest.json: config.d_model None; expected a positive integer"),
+    ],
+)
+def test_a_size_that_is_not_a_positive_integer_is_a_load_error_naming_the_field(value: object, message: str) -> None:
+    with pytest.raises(ModelLoadError) as e:
+        positive_int({"d_model": value}, "d_model", WHERE)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("value", [0, -1e-5, float("inf"), float("nan"), "1e-5", False])
+def test_an_eps_that_is_not_positive_and_finite_is_a_load_error(value: object) -> None:
+    with pytest.raises(ModelLoadError) as e:
+        positive_float({"eps": value}, "eps", WHERE, 1e-5)
+    assert str(e.value) == f"m/1/manifest.json: config.eps {value!r}; expected a positive finite number"
+
+
+def test_an_absent_eps_is_the_default() -> None:
+    assert positive_float({}, "eps", WHERE, 1e-5) == 1e-5
+
+
+@pytest.mark.parametrize(
+    ("error", "text"),
+    [
+        (RecursionError("maximum recursion depth exceeded"), "nested too deeply"),
+        (KeyError("layers.0.norm1.weight"), "KeyError: 'layers.0.norm1.weight'"),
+        (ZeroDivisionError(), "ZeroDivisionError"),
+        (ValueError("x" * 1000), "ValueError: " + "x" * 299 + "…"),
+    ],
+    ids=["recursion", "key", "no-text", "long"],
+)
+def test_an_unexpected_load_error_is_described_by_its_class_and_300_characters(error: Exception, text: str) -> None:
+    assert describe(error) == text

@@ -145,10 +145,22 @@ def test_a_models_policy_comes_from_its_model_json(repo: Repository) -> None:
     assert str(e.value).startswith(f"{repo.root}/encoder/model.json: not JSON (")
 
 
-def test_a_name_the_repository_does_not_have_is_not_found(repo: Repository) -> None:
+@pytest.mark.parametrize(
+    ("names", "available"),
+    [
+        (("layernorm", "encoder", "encoder-preln"), "encoder, encoder-preln, layernorm"),
+        ((), "none"),
+        (None, "none"),  # no repository folder at all
+    ],
+    ids=["three", "empty", "no-folder"],
+)
+def test_a_name_the_repository_does_not_have_is_not_found_naming_those_it_has(
+    tmp_path: Path, names: tuple[str, ...] | None, available: str
+) -> None:
+    root = tmp_path / "models" if names is None else copy_models(tmp_path / "models", names)
     with pytest.raises(ModelNotFound) as e:
-        repo.versions("nope")
-    assert str(e.value) == "model: no model 'nope' in the repository"
+        Repository(root).versions("layernrom")
+    assert str(e.value) == f"model: no model 'layernrom' in the repository; available: {available}"
 
 
 def test_a_manifest_of_another_format_is_refused(repo: Repository) -> None:

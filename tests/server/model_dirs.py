@@ -30,12 +30,12 @@ def broken_copy(tmp_path: Path, how: str) -> Path:
 
 
 def not_ready_reason(models: Path, how: str) -> str:
-    """The whole reason of a worker whose start found the copy broken as `how` says."""
+    """The whole reason of a worker whose start found the copy broken as `how` says: paths repository-relative."""
     if how == "tampered":
         path = models / "layernorm/1/model.onnx"
         actual = hashlib.sha256(path.read_bytes()).hexdigest()
         expected = json.loads((MODELS / "layernorm/1/manifest.json").read_text())["files"]["model.onnx"]
-        return f"model check failed: {path}: sha256 {actual} does not match the manifest's {expected}"
+        return f"model check failed: layernorm/1/model.onnx: sha256 {actual} does not match the manifest's {expected}"
     if how == "missing":
-        return f"model check failed: {models}/encoder/1/model.onnx: model file missing"
-    return f"model check failed: {models}/layernorm/1/manifest.json: manifest missing"
+        return "model check failed: encoder/1/model.onnx: model file missing"
+    return "model check failed: layernorm/1/manifest.json: manifest missing"

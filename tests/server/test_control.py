@@ -66,7 +66,7 @@ def test_a_failed_load_changes_nothing_that_serves_and_says_why(root: Path) -> N
     control.load("layernorm")
     path = _tamper(add_version(root, "layernorm", 2))
     expected = json.loads((root / "layernorm/2/manifest.json").read_text())["files"]["model.onnx"]
-    reason = f"{path}: sha256 {sha256_of(path)} does not match the manifest's {expected}"
+    reason = f"{path.relative_to(root)}: sha256 {sha256_of(path)} does not match the manifest's {expected}"
     with pytest.raises(ModelLoadFailed) as e:
         control.load("layernorm")
     assert str(e.value) == f"failed to load model 'layernorm': {reason}"
@@ -101,7 +101,7 @@ def test_unload_lets_a_request_holding_the_version_finish_on_it(root: Path) -> N
 def test_unload_of_a_name_the_repository_does_not_have_is_not_found(root: Path) -> None:
     with pytest.raises(ModelNotFound) as e:
         _control(root).unload("nope")
-    assert str(e.value) == "model: no model 'nope' in the repository"
+    assert str(e.value) == "model: no model 'nope' in the repository; available: encoder, layernorm"
 
 
 @pytest.mark.parametrize("mode", ["none", "poll"])
@@ -145,7 +145,7 @@ def test_poll_follows_the_folder(root: Path, caplog: pytest.LogCaptureFixture) -
     bad = _tamper(add_version(root, "encoder", 2))
     control.poll()
     assert _serving(control, "encoder") == [1] and _states(control, "encoder")[1][1] == "UNAVAILABLE"
-    assert f"model encoder version 2 failed to load: {bad}: sha256" in caplog.text
+    assert f"model encoder version 2 failed to load: {bad.relative_to(root)}: sha256" in caplog.text
     caplog.clear()
     control.poll()  # unchanged since it failed: not tried again
     assert "failed to load" not in caplog.text

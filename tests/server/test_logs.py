@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 
 from app.server import logs
+from tests.live_server import MODELS
+from tests.repositories import sha256sum_identity
 from tests.server.log_records import captured
 from tests.server.logged_server import LoggedServer, logged_server
 from tests.server.model_dirs import broken_copy, not_ready_reason
@@ -192,14 +194,14 @@ def test_uvicorn_log_config_gives_json_at_the_level_and_no_uvicorn_access_log() 
 # ---- over real servers ---------------------------------------------------------------------------------------
 
 
-def test_start_up_lines_are_structured(logged: LoggedServer, shipped_manifest: dict[str, Any]) -> None:
+def test_start_up_lines_are_structured(logged: LoggedServer) -> None:
     lines = logged.lines()
     loaded = {(d["model"], d["version"]): d for d in lines if d["msg"].startswith("loaded model")}
     assert sorted(loaded) == [("encoder", "1"), ("encoder-preln", "1"), ("layernorm", "1")]
     (ready,) = [d for d in lines if d["msg"].startswith("ready")]
     assert sorted(ready["parity_max_abs_diff"]) == ["encoder-preln/1", "encoder/1", "layernorm/1"]
     for (name, version), d in loaded.items():
-        sha256 = shipped_manifest[name]["files"]["model.onnx"]
+        sha256 = sha256sum_identity(MODELS / name / version)  # the version's identity, over every file
         assert (d["logger"], d["level"], d["sha256"]) == ("normserve.models", "info", sha256)
         found = re.fullmatch(
             rf"loaded model {name} version {version} \(sha256 {sha256[:12]}\.\.\.\) in (\d+\.\d{{3}}) s; "
@@ -248,3 +250,23 @@ def test_not_ready_is_logged_as_an_error_with_its_reason(tmp_path: Path) -> None
     (line,) = [d for d in server.lines() if d["msg"].startswith("not ready")]
     assert (line["level"], line["logger"], line["reason"]) == ("error", "normserve", reason)
     assert line["msg"] == "not ready: " + reason.removeprefix("model check failed: ")
+
+
+@pytest.mark.parametrize(
+    ("text", "escaped"),
+    [
+        ("/a\u2028b", "/a\\u2028b"),
+        ("/a\u2029b", "/a\\u2029b"),
+        ("/a\x85b", "/a\\u0085b"),
+        ("/nowhere\u202eexe.txt", "/nowhere\\u202eexe.txt"),
+        ("/tag\U000e0041", "/tag\\udb40\\udc41"),
+        ("/plain é ü", "/plain é ü"),
+    ],
+    ids=["line-separator", "paragraph-separator", "next-line", "bidi-override", "astral-tag", "printable-kept"],
+)
+def test_a_record_is_one_printable_line_that_parses_back_to_the_same_text(text: str, escaped: str) -> None:
+    rec = logging.LogRecord("normserve.access", logging.INFO, __file__, 1, "request", None, None)
+    rec.path = text
+    line = logs.JsonFormatter().format(rec)
+    assert line.splitlines() == [line] and line.isprintable()
+    assert f'"path":"{escaped}"' in line and json.loads(line)["path"] == text

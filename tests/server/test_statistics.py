@@ -39,16 +39,15 @@ def test_success_adds_each_stage_once_and_stages_sum_to_at_most_the_total() -> N
     assert inf["fail"] == {"count": 0, "ns": 0}
 
 
-def test_executions_count_runs_per_batch_size_apart_from_requests() -> None:
+def test_executions_count_apart_from_requests_each_of_batch_size_one_as_max_batch_size_is_zero() -> None:
     stats = Statistics()
-    for rows, ns in [(3, 100), (1, 10), (3, 200)]:  # two requests merged into one run of 3 rows, then one alone
-        stats.record_execution("m", "1", rows, ns)
+    for ns in (100, 10, 200):  # e.g. two requests merged into one run, then one alone, then a chunk of a large one
+        stats.record_execution("m", "1", ns)
     (entry,) = stats.report([("m", "1")])["model_stats"]
     assert (entry["execution_count"], entry["inference_count"]) == (3, 0)
     zero = {"count": 0, "ns": 0}
     assert entry["batch_stats"] == [
-        {"batch_size": 1, "compute_input": zero, "compute_infer": {"count": 1, "ns": 10}, "compute_output": zero},
-        {"batch_size": 3, "compute_input": zero, "compute_infer": {"count": 2, "ns": 300}, "compute_output": zero},
+        {"batch_size": 1, "compute_input": zero, "compute_infer": {"count": 3, "ns": 310}, "compute_output": zero},
     ]
 
 

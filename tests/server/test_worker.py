@@ -133,10 +133,15 @@ def test_start_with_a_broken_model_dir_leaves_the_worker_live_but_not_ready_with
     (line,) = own_lines(lifecycle_log, logging.ERROR)
     assert line.getMessage() == "not ready: " + reason.removeprefix("model check failed: ")
     assert vars(line)["reason"] == reason
-    for refuse in (lambda: worker.model("layernorm"), worker.admission.enter):
-        with pytest.raises(NotReady) as e:
-            refuse()
-        assert e.value.message == f"server is not ready: {reason}"
+    broken = "encoder" if how == "missing" else "layernorm"
+    with pytest.raises(NotReady) as e:
+        worker.model(broken)
+    assert e.value.message == f"server is not ready: {reason}"
+    # Strict readiness, but the models that loaded serve (as Triton's do): no 503 for a request to them.
+    assert [m.name for m in worker.runtime.models] == [n for n in MODEL_NAMES if n != broken]
+    assert worker.model("encoder-preln").name == "encoder-preln"
+    worker.admission.enter()
+    worker.admission.leave()
 
 
 def test_start_with_weights_that_fail_the_parity_warm_up_is_not_ready(tmp_path: Path) -> None:
@@ -159,9 +164,9 @@ def test_start_with_weights_that_fail_the_parity_warm_up_is_not_ready(tmp_path: 
     worker.start()
     assert not worker.admission.ready
     assert worker.admission.not_ready_reason == (
-        f"model check failed: {folder}/model.onnx: parity warm-up failed, max abs diff {diff:.3g} > {atol:.3g}"
+        f"model check failed: encoder/1/model.onnx: parity warm-up failed, max abs diff {diff:.3g} > {atol:.3g}"
     )
-    assert worker.runtime.models == []  # no model serves: the start-up set changes together
+    assert [m.name for m in worker.runtime.models] == ["encoder-preln", "layernorm"]  # the others serve
     assert REGISTRY.get_sample_value("normserve_model_load_failures_total", labels) == failures + 1
 
 
@@ -589,3 +594,15 @@ def test_past_the_request_timeout_is_504_and_the_worker_serves_on(one_at_a_time:
     assert timed_out.json()["error"] == "inference took longer than 0.5 s (NORMSERVE_REQUEST_TIMEOUT_S)"
     assert after.status_code == 200
     np.testing.assert_allclose(after.json()["output"], SEED003.output[0], atol=1e-4)
+
+
+def test_a_start_that_left_a_model_failing_is_ready_once_that_model_loads(tmp_path: Path) -> None:
+    models = broken_copy(tmp_path, "tampered")
+    worker = Worker(Settings(model_dir=models, model_control="explicit", admin_token="t"))
+    worker.start()
+    worker.settle()  # nothing changed: still not ready, for the same reason
+    assert (worker.admission.ready, worker.admission.not_ready_reason) == (False, not_ready_reason(models, "tampered"))
+    shutil.copy(MODELS / "layernorm/1/model.onnx", models / "layernorm/1/model.onnx")  # the file as exported
+    worker.control.load("layernorm")
+    worker.settle()
+    assert worker.admission.ready and worker.model("layernorm").name == "layernorm"

@@ -59,7 +59,12 @@ def manifest(kind: str) -> dict[str, Any]:
 
 
 def env_of(container: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container.get("env", [])}
+    """The variables given a value in the manifest (those from a Secret: secret_env)."""
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def secret_env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container.get("env", []) if "valueFrom" in e}
 
 
 def container_port(container: dict[str, Any], name: str | int) -> int:
@@ -264,6 +269,18 @@ def test_every_normserve_variable_is_a_setting_with_a_valid_value(
     assert str(settings.model_dir) == KSERVE_MODEL_DIR and settings.model_control == "poll"
 
 
+@pytest.mark.parametrize("which", ["deployment", "servingruntime"])
+def test_the_admin_token_comes_from_a_secret_never_from_the_manifest(
+    pod: dict[str, Any], runtime: dict[str, Any], which: str
+) -> None:
+    container = pod["containers"][0] if which == "deployment" else runtime["spec"]["containers"][0]
+    assert "NORMSERVE_ADMIN_TOKEN" not in env_of(container)
+    # optional: without the Secret the pods start, and the admin routes stay closed (403)
+    assert secret_env(container) == {
+        "NORMSERVE_ADMIN_TOKEN": {"name": "normserve-admin", "key": "token", "optional": True}
+    }
+
+
 def test_route_check_can_fail() -> None:
     assert routed("/v2/health/ready") and not routed("/v2/health/readyz")
 
@@ -389,6 +406,10 @@ def test_compose_replicas_poll_the_hosts_models_folder_read_only() -> None:
     assert (volume["type"], volume["source"], volume["read_only"]) == ("bind", "./models", True)
     assert volume["target"] == env["NORMSERVE_MODEL_DIR"] and env["NORMSERVE_MODEL_CONTROL"] == "poll"
     assert volume["bind"]["create_host_path"] is False  # a missing folder fails the start, not the requests
+    # The admin token from a file kept out of git; without it the admin routes are closed.
+    assert "NORMSERVE_ADMIN_TOKEN" not in env
+    assert service["env_file"] == [{"path": "./normserve-admin.env", "required": False}]
+    assert "normserve-admin.env" in (ROOT / ".gitignore").read_text().splitlines()
     # What the replicas then serve: the checkout's repository, the image's three models.
     repository = Repository(ROOT / volume["source"])
     assert repository.names() == ["encoder", "encoder-preln", "layernorm"]

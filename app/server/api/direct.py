@@ -18,6 +18,8 @@ from typing import Any
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match
+from starlette.types import Receive, Scope, Send
 
 # Endpoint parameters a DirectRoute fills, besides path parameters: the request and the app's Worker.
 _SOURCES: dict[str, Callable[[Request], Any]] = {
@@ -51,6 +53,20 @@ class DirectRoute(APIRoute):
         super().__init__(path, _openapi_view(endpoint), **kwargs)
         # The request -> response function alone, for app/server/hotpath.py, which calls it outside any router.
         self.direct_handler = self.get_route_handler()
+
+    # HEAD is answered as GET, as Starlette's own routes do (probes and load balancers send HEAD /v2/health/live):
+    # the route matches and runs it as a GET, and uvicorn, whose scope still says HEAD, sends the head without the
+    # body. Not in `methods`, which OpenAPI lists: one operation id for two methods is a duplicate there.
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        return super().matches(self._as_get(scope))
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().handle(self._as_get(scope), receive, send)
+
+    def _as_get(self, scope: Scope) -> Scope:
+        if scope["type"] == "http" and scope["method"] == "HEAD" and "GET" in (self.methods or ()):
+            return {**scope, "method": "GET"}
+        return scope
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         endpoint = self.direct_endpoint

@@ -54,7 +54,7 @@ async def _validation(request: Request, exc: Exception) -> Response:
 async def _http(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     message = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
-    return json_response({"error": message}, status_code=exc.status_code, headers=exc.headers)
+    return json_response({"error": printable(message)}, status_code=exc.status_code, headers=exc.headers)
 
 
 async def unexpected(request: Request, exc: Exception) -> Response:

@@ -37,8 +37,9 @@ def _body(params: type, tensors: dict[str, Any], examples: dict[str, Any]) -> di
 
 _MEANING = {
     400: "body is not valid JSON",
-    401: "no `Authorization: Bearer <token>` while NORMSERVE_ADMIN_TOKEN is set",
-    403: "a wrong admin token, or model control that is not explicit (the message names the setting)",
+    401: "no `Authorization: Bearer <token>`, or more than one, while NORMSERVE_ADMIN_TOKEN is set",
+    403: "NORMSERVE_ADMIN_TOKEN not set (admin routes closed), a wrong admin token, or model control that is not "
+    "explicit (the message names the setting)",
     404: "unknown model or version",
     408: "the body did not arrive within NORMSERVE_BODY_TIMEOUT_S; the connection is closed",
     413: "body larger than NORMSERVE_MAX_BODY_BYTES, also after decompression",

@@ -508,8 +508,9 @@ function addModel(body, choice) {
   if (version) body.add("version", version);
 }
 
-/** The pickers, from the repository index (every READY version); with an admin token set the index is
- * closed to the page, and the statistics of the serving models stand in for it. */
+/** The pickers, from the repository index (every READY version); the index is an admin route, closed to
+ * the page (403 without NORMSERVE_ADMIN_TOKEN, 401 without the header), and the statistics of the serving
+ * models stand in for it. */
 async function loadModels() {
   let ready = [];
   const index = await fetch("v2/repository/index", { method: "POST" }).catch(() => null);

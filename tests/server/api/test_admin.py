@@ -1,4 +1,4 @@
-"""app/server/api/admin.py: the admin token, missing 401, wrong 403, right (or none set) passes."""
+"""app/server/api/admin.py: closed without a configured token, missing 401, wrong 403, one value only."""
 
 from __future__ import annotations
 
@@ -9,30 +9,44 @@ from app.server.api.admin import check_token
 from app.settings import Settings
 
 TOKEN = Settings(admin_token="s3cret-token")
+MISSING = "authorization: expected `Authorization: Bearer <token>` (NORMSERVE_ADMIN_TOKEN is set)"
+CLOSED = "authorization: the admin routes are closed: set NORMSERVE_ADMIN_TOKEN on the server to open them"
 
 
-@pytest.mark.parametrize("header", [None, "", "Bearer s3cret-token", "Basic abc", "anything"])
-def test_without_a_token_set_every_request_passes(header: str | None) -> None:
-    check_token(header, Settings())
+@pytest.mark.parametrize("values", [[], [""], ["Bearer s3cret-token"], ["Basic abc"], ["a", "b"]])
+def test_without_a_token_set_every_request_is_403_naming_the_setting(values: list[str]) -> None:
+    with pytest.raises(Forbidden) as e:
+        check_token(values, Settings())
+    assert (str(e.value), status_for(e.value, v2=True)) == (CLOSED, 403)
 
 
 @pytest.mark.parametrize("header", ["Bearer s3cret-token", "bearer s3cret-token", "  Bearer s3cret-token  "])
 def test_the_right_bearer_token_passes(header: str) -> None:
-    check_token(header, TOKEN)
+    check_token([header], TOKEN)
 
 
-@pytest.mark.parametrize("header", [None, "", "Bearer", "Bearer ", "Basic s3cret-token", "s3cret-token"])
-def test_no_bearer_token_is_401(header: str | None) -> None:
+@pytest.mark.parametrize("values", [[], [""], ["Bearer"], ["Bearer "], ["Basic s3cret-token"], ["s3cret-token"]])
+def test_no_bearer_token_is_401(values: list[str]) -> None:
     with pytest.raises(Unauthorized) as e:
-        check_token(header, TOKEN)
-    assert str(e.value) == "authorization: expected `Authorization: Bearer <token>` (NORMSERVE_ADMIN_TOKEN is set)"
-    assert status_for(e.value, v2=True) == 401
+        check_token(values, TOKEN)
+    assert (str(e.value), status_for(e.value, v2=True)) == (MISSING, 401)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [["Bearer s3cret-token", "Bearer s3cret-token"], ["Bearer wrong", "Bearer s3cret-token"], ["", "", ""]],
+    ids=["twice-right", "wrong-then-right", "three-empty"],
+)
+def test_more_than_one_authorization_value_is_401_whatever_they_hold(values: list[str]) -> None:
+    with pytest.raises(Unauthorized) as e:
+        check_token(values, TOKEN)
+    assert str(e.value) == f"authorization: {len(values)} authorization values; {MISSING.split(': ', 1)[1]}"
 
 
 @pytest.mark.parametrize("token", ["wrong", "s3cret-toke", "s3cret-token2", "S3CRET-TOKEN", "s3cret-tökén"])
 def test_a_wrong_token_is_403_and_not_echoed(token: str) -> None:
     with pytest.raises(Forbidden) as e:
-        check_token(f"Bearer {token}", TOKEN)
+        check_token([f"Bearer {token}"], TOKEN)
     assert str(e.value) == "authorization: wrong admin token"
     assert status_for(e.value, v2=True) == 403
 

@@ -76,3 +76,22 @@ def test_direct_route_passes_path_parameters_and_the_request() -> None:
 
     assert asyncio.run(post()) == "abc POST"
     assert "/things/{name}" in app.openapi()["paths"]  # still a FastAPI route: documented
+
+
+@pytest.mark.parametrize(("methods", "status"), [(["GET"], 200), (["POST"], 405)], ids=["get-route", "post-route"])
+def test_head_runs_a_get_route_as_get_and_openapi_lists_only_get(methods: list[str], status: int) -> None:
+    """The head of the GET's answer ("abc GET", 7 bytes); no body, as uvicorn sends it (test_health.py)."""
+    router = APIRouter(route_class=DirectRoute)
+    router.add_api_route("/things/{name}", _fine, methods=methods)
+    app = FastAPI()
+    app.include_router(router)
+
+    async def head() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            return await client.head("/things/abc")
+
+    r = asyncio.run(head())
+    assert (r.status_code, r.content) == (status, b"")
+    if status == 200:
+        assert r.headers["content-length"] == str(len("abc GET"))
+    assert list(app.openapi()["paths"]["/things/{name}"]) == [m.lower() for m in methods]

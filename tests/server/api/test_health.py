@@ -33,6 +33,26 @@ def test_bad_model_dir_keeps_server_live_but_not_ready(tmp_path: Path, how: str)
             time.sleep(0.05)
         assert r.status_code == 503 and r.json()["error"] == f"not ready: {reason}"
         assert r.headers["retry-after"] == "1"
-        inf = c.post("/normalize", json={"data": [1.0, 2.0]})
+        broken, working = ("encoder", "layernorm") if how == "missing" else ("layernorm", "encoder")
+        inf = c.get(f"/v2/models/{broken}")
         assert inf.status_code == 503 and inf.headers["retry-after"] == "1"
         assert inf.json()["error"] == f"server is not ready: {reason}"
+        assert c.get(f"/v2/models/{working}").status_code == 200  # the models that loaded serve
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v2/health/live", "/v2/health/ready", "/v2", "/v2/models/layernorm", "/v2/models/layernorm/ready"],
+)
+def test_head_answers_as_get_without_the_body(client: httpx.Client, path: str) -> None:
+    """Probes and load balancers send HEAD: the GET's status and headers, no body (uvicorn leaves it out)."""
+    got, head = client.get(path), client.head(path)
+    assert (head.status_code, head.content) == (200, b"")
+    assert head.headers["content-length"] == got.headers["content-length"] == str(len(got.content))
+    assert head.headers["content-type"] == got.headers["content-type"] == "application/json"
+
+
+def test_head_of_an_unknown_model_is_its_404_without_the_body(client: httpx.Client) -> None:
+    head = client.head("/v2/models/nope/ready")
+    assert (head.status_code, head.content) == (404, b"")
+    assert head.headers["content-length"] == str(len(client.get("/v2/models/nope/ready").content))

@@ -2,7 +2,8 @@
 
 Errors map from the one status table (app/errors.py `status_for(exc, v2=True)`, the HTTP V2 status)
 on to gRPC codes, with HTTP's message text: 400 INVALID_ARGUMENT, 403 PERMISSION_DENIED, 404
-NOT_FOUND, 413 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, anything else INTERNAL.
+NOT_FOUND, 413 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, anything else INTERNAL; an
+extension normserve does not implement (shared memory, a 400 over HTTP) is UNIMPLEMENTED.
 The request id is the request's `id` when it has one, else the `x-request-id` metadata (plain and
 short, as HTTP's X-Request-ID; else a new one); it goes back as `x-request-id` trailing metadata.
 A `traceparent` (and `tracestate`) metadata entry is the caller's span, as the HTTP header is.
@@ -20,7 +21,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from app.errors import MalformedBody, NormserveError, status_for
+from app.errors import ExtensionNotSupported, MalformedBody, NormserveError, status_for
 from app.server import logs, metrics, observability, tracing
 from app.server.api.errors import printable
 from app.server.api.grpc import wire
@@ -78,6 +79,8 @@ def decoded(request: Any) -> Any:
 
 
 def code_for(exc: NormserveError) -> grpc.StatusCode:
+    if isinstance(exc, ExtensionNotSupported):  # 400 over HTTP, as Triton; gRPC names the case itself
+        return grpc.StatusCode.UNIMPLEMENTED
     return CODES.get(status_for(exc, v2=True), grpc.StatusCode.INTERNAL)
 
 

@@ -26,6 +26,8 @@ from app.settings import Settings
 # The typed contents field of each datatype a model accepts (InferTensorContents).
 CONTENTS = {"BOOL": "bool_contents", "FP32": "fp32_contents", "FP64": "fp64_contents"}
 RAW = "raw_input_contents"
+# Triton marks every stream response with it (true: no more responses to this request); client loops wait for it.
+FINAL_RESPONSE = "triton_final_response"
 
 
 def parameter_values(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -86,9 +88,12 @@ def _tensor(entry: Any, spec: TensorSpec, datatype: str, shape: list[int], raw: 
     return np.array(values, dtype=DATATYPES[datatype]).reshape(shape)
 
 
-def encode(model: Model, req: InferRequest, result: Any) -> Encoded:
-    """The response's fields by protobuf, each output's bytes as a view of its array (wire.py appends them)."""
+def encode(model: Model, req: InferRequest, result: Any, final: bool = False) -> Encoded:
+    """The response's fields by protobuf, each output's bytes as a view of its array (wire.py appends them);
+    final: a stream's response, marked as Triton marks it."""
     response = pb.ModelInferResponse(model_name=model.name, model_version=model.version, id=req.id or "")
+    if final:
+        response.parameters[FINAL_RESPONSE].bool_param = True
     if req.ignored:  # as HTTP answers them: the request parameters that changed nothing
         response.parameters["ignored_parameters"].string_param = ",".join(req.ignored)
     raws = []

@@ -2,7 +2,7 @@
 
 The same settings as /v2/trace/setting and /v2/logging (app/server/tracesettings.py, logcontrol.py),
 of this worker process, behind the same admin token, read from the `authorization` metadata
-(`Bearer <token>`): UNAUTHENTICATED without it, PERMISSION_DENIED with a wrong one. A request with
+(`Bearer <token>`, app/server/api/admin.py): PERMISSION_DENIED when none is configured. A request with
 no settings reads them; a setting with no value clears it, as tritonclient sends None.
 """
 
@@ -13,17 +13,14 @@ from typing import Any
 from tritonclient.grpc import service_pb2 as pb
 
 from app.server import logcontrol, tracing
-from app.server.api.admin import check_token
+from app.server.api.admin import check_token, grpc_values
 from app.server.api.grpc.calls import Call
 from app.server.worker import Worker
 from app.settings import Settings
 
-AUTHORIZATION = "authorization"
-
 
 def authorize(context: Any, settings: Settings) -> None:
-    value = next((m.value for m in context.invocation_metadata() or () if m.key == AUTHORIZATION), None)
-    check_token(value if isinstance(value, str) else None, settings)
+    check_token(grpc_values(context), settings)
 
 
 def trace_changes(request: Any) -> dict[str, Any]:

@@ -3,12 +3,15 @@
 It listens on NORMSERVE_HOST:NORMSERVE_GRPC_PORT (8001; 0 = off) in every worker process. Several
 workers share the port through SO_REUSEPORT (grpc's default on Linux, set here explicitly): each
 worker binds its own listening socket and the kernel spreads new connections across them, as
-uvicorn's shared socket does for HTTP. The same option lets two unrelated servers bind one port
-too, so give each deployment its own port (the tests take a free port per server).
+uvicorn's shared socket does for HTTP. The same option would let a second server bind the port too,
+so each worker first claims the port for its server (app/server/group.py): a worker of another
+server refuses to start, naming the port and the settings, and that server exits.
 
 Handlers are registered from the service descriptors that tritonclient's generated modules carry,
 so every RPC of `inference.GRPCInferenceService` is routed: the implemented ones to
-app/server/api/grpc/service.py (trace and log settings: control.py), the others (shared memory) to UNIMPLEMENTED.
+app/server/api/grpc/service.py (trace and log settings: control.py; shared memory: UNIMPLEMENTED naming the
+extension), any other to UNIMPLEMENTED. Server reflection (grpc.reflection.v1alpha, the one grpcio-reflection has)
+describes both services, so that `grpcurl list` and `grpcurl describe` work without the .proto files.
 ModelInfer and ModelStreamInfer get wire.py's serializers, which append raw outputs without copies.
 Messages larger than NORMSERVE_MAX_BODY_BYTES, also after decompression, are refused by grpc itself
 with RESOURCE_EXHAUSTED before any handler runs.
@@ -21,12 +24,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from types import ModuleType
-from typing import Any
+from typing import IO, Any
 
 import grpc
 from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection
 from tritonclient.grpc import service_pb2 as pb
 
+from app.server import group
 from app.server.api.grpc import calls, health, service, wire
 from app.server.worker import Worker
 
@@ -90,6 +95,8 @@ def build(worker: Worker) -> tuple[grpc.aio.Server, service.InferenceService, he
     _register(server, inference_service.full_name, handlers(inference_service, pb, inference))
     health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
     _register(server, health_service.full_name, handlers(health_service, health_pb2, checks))
+    names = (inference_service.full_name, health_service.full_name, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)  # the descriptors of tritonclient's and grpc's modules
     return server, inference, checks
 
 
@@ -97,6 +104,27 @@ def grace_s(worker: Worker) -> float:
     """What is left of the drain timeout (all of it without a SIGTERM), at least MIN_GRACE_S."""
     spent = 0.0 if worker.drain.signalled_at is None else time.monotonic() - worker.drain.signalled_at
     return max(MIN_GRACE_S, worker.settings.drain_timeout_s - spent)
+
+
+def _listen(server: grpc.aio.Server, where: str, port: int) -> IO[str]:
+    """Claim the port for this server, then bind it: PortTaken (logged) when either fails, and the worker does not
+    start half-served (uvicorn ends the server)."""
+    try:
+        claim = group.claim_grpc_port(port)
+    except group.PortTaken as e:
+        log.error("%s", e, extra={"grpc_address": where})  # the one line to read among uvicorn's traceback
+        raise
+    try:
+        server.add_insecure_port(where)
+    except RuntimeError:  # held by a process that is no normserve, or not an address of this host
+        claim.close()
+        error = group.PortTaken(
+            f"cannot listen for gRPC on {where} (in use, or not an address of this host); "
+            f"choose another with {group.ENV_HINT}"
+        )
+        log.error("%s", error, extra={"grpc_address": where})
+        raise error from None
+    return claim
 
 
 @asynccontextmanager
@@ -108,12 +136,13 @@ async def serving(worker: Worker) -> AsyncIterator[grpc.aio.Server | None]:
         return
     server, inference, checks = build(worker)
     where = address(settings.host, settings.grpc_port)
-    server.add_insecure_port(where)  # RuntimeError when it cannot bind: the worker does not start half-served
+    claim = _listen(server, where, settings.grpc_port)
     await server.start()
     log.info("gRPC listening on %s", where, extra={"grpc_address": where})
     try:
         yield server
     finally:
+        claim.close()
         # The drain (SIGTERM) has already waited for in-flight inferences; mark draining in case no signal came,
         # so that RPCs arriving during the grace answer UNAVAILABLE, then end idle streams and stop.
         worker.admission.draining = True

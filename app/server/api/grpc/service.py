@@ -10,18 +10,19 @@ Worker.infer runs it with admission, the timeout (or the client's shorter deadli
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from tritonclient.grpc import service_pb2 as pb
 
 from app.core.model import Model
 from app.core.repository import check_name
-from app.errors import InvalidInput
-from app.server.api.admin import check_token
+from app.errors import ExtensionNotSupported, InvalidInput, ModelNotFound, NotReady
+from app.server.api.admin import check_token, grpc_values
 from app.server.api.grpc import calls, codec, messages, wire
 from app.server.api.grpc.calls import Call
 from app.server.api.grpc.control import ControlRPCs
+from app.server.api.v2 import rules
 from app.server.api.v2.rules import InferRequest
 from app.server.statistics import InferTimer
 from app.server.worker import INLINE_BODY_BYTES, Worker, staged
@@ -29,6 +30,16 @@ from app.server.worker import INLINE_BODY_BYTES, Worker, staged
 SERVICE = "inference.GRPCInferenceService"
 # Requests of one stream computed at once; the stream's reader waits past it (grpc's flow control pushes back).
 STREAM_WINDOW = 16
+SYSTEM_SHM, CUDA_SHM = rules.SHARED_MEMORY["systemsharedmemory"], rules.SHARED_MEMORY["cudasharedmemory"]
+
+
+def unsupported(extension: str) -> Callable[..., Awaitable[Any]]:
+    """The RPCs of an extension normserve has not: UNIMPLEMENTED, with the message HTTP's routes answer too."""
+
+    async def rpc(self: object, request: Any, context: Any, call: Call) -> Any:
+        raise ExtensionNotSupported(extension)
+
+    return rpc
 
 
 class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
@@ -46,7 +57,12 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
         return pb.ServerReadyResponse(ready=self.worker.admission.accepting)
 
     async def ModelReady(self, request: Any, context: Any, call: Call) -> Any:
-        self._model(request.name, request.version, call)  # NOT_FOUND for a model that does not exist
+        """As Triton: OK with ready false for a model or version that does not serve (tritonclient's
+        is_model_ready() raises on an error status, and only reads `ready`)."""
+        try:
+            self._model(request.name, request.version, call)
+        except (ModelNotFound, NotReady):
+            return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self.worker.admission.accepting)
 
     async def ServerMetadata(self, request: Any, context: Any, call: Call) -> Any:
@@ -75,18 +91,17 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
         """As HTTP's load: explicit mode only; done (or failed, with the reason) when it answers."""
         self._admin(context)
         name = self._control(request, "load", call)
-        await asyncio.to_thread(self.worker.control.load, name)
+        await asyncio.to_thread(self.worker.load_model, name)
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: Any, call: Call) -> Any:
         self._admin(context)
         name = self._control(request, "unload", call)
-        await asyncio.to_thread(self.worker.control.unload, name)
+        await asyncio.to_thread(self.worker.unload_model, name)
         return pb.RepositoryModelUnloadResponse()
 
     def _admin(self, context: Any) -> None:
-        metadata = dict(context.invocation_metadata() or ())
-        check_token(metadata.get("authorization"), self.worker.settings)
+        check_token(grpc_values(context), self.worker.settings)
 
     def _control(self, request: Any, action: str, call: Call) -> str:
         name = check_name(request.model_name, "model_name")
@@ -100,6 +115,10 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
 
     async def ModelInfer(self, request: Any, context: Any, call: Call) -> wire.Encoded:
         return await self._infer(request, context, call)
+
+    # Triton's shared-memory extensions: the tensors' bytes come in the request, never from a region.
+    SystemSharedMemoryStatus = SystemSharedMemoryRegister = SystemSharedMemoryUnregister = unsupported(SYSTEM_SHM)
+    CudaSharedMemoryStatus = CudaSharedMemoryRegister = CudaSharedMemoryUnregister = unsupported(CUDA_SHM)
 
     async def ModelStreamInfer(self, requests: Any, context: Any, _call: Call) -> AsyncIterator[Any]:
         """One answer per request, in the order sent; up to STREAM_WINDOW of them computed at once.
@@ -142,12 +161,13 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
         """One message of a stream, logged and counted as its own call; an error becomes its error_message."""
         call = calls.begin(SERVICE, "ModelStreamInfer", context, request)
         try:
-            answer = await self._infer(calls.decoded(request), context, call)
+            answer = await self._infer(calls.decoded(request), context, call, stream=True)
         except BaseException as exc:
             message = call.failed(exc, context)
             if message is None:
                 raise
             failed = pb.ModelInferResponse(id=request.id)  # as Triton: the id tells the client which request failed
+            failed.parameters[codec.FINAL_RESPONSE].bool_param = True
             answer = pb.ModelStreamInferResponse(error_message=message, infer_response=failed)
         finally:
             call.finish()
@@ -159,7 +179,7 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
         call.model = model.name
         return model
 
-    async def _infer(self, request: Any, context: Any, call: Call) -> wire.Encoded:
+    async def _infer(self, request: Any, context: Any, call: Call, stream: bool = False) -> wire.Encoded:
         model = self._model(request.model_name, request.model_version, call)
         timer = InferTimer()  # the request is in memory: grpc has read and parsed it
         timer.model = (model.name, model.version)
@@ -169,6 +189,6 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
             req = codec.decode(request, model, settings)
             return model, req.input, req
 
-        job = staged(timer, decode, lambda req, result: codec.encode(model, req, result))
+        job = staged(timer, decode, lambda req, result: codec.encode(model, req, result, final=stream))
         inline = call.bytes_in <= INLINE_BODY_BYTES and getattr(model, "batcher", None) is None  # no thread hop
         return await self.worker.infer(timer, job, inline=inline, deadline_s=context.time_remaining())

@@ -1,5 +1,5 @@
 """Triton's trace and logging extensions over HTTP: GET/POST /v2/trace/setting, /v2/models/{name}/trace/setting
-and /v2/logging, behind the admin token (NORMSERVE_ADMIN_TOKEN) when one is set.
+and /v2/logging, behind the admin token (NORMSERVE_ADMIN_TOKEN; closed without one).
 
 Each worker process has its own settings: with several workers a POST reaches the one worker that
 accepted its connection (docs/operations.md). Out of /openapi.json, as the admin routes are meant
@@ -38,7 +38,7 @@ async def _changes(request: Request, worker: Worker) -> dict[str, Any]:
 
 
 def _authorized(request: Request, worker: Worker) -> None:
-    check_token(request.headers.get("authorization"), worker.settings)
+    check_token(request.headers.getlist("authorization"), worker.settings)
 
 
 @router.get("/v2/trace/setting")

@@ -31,7 +31,7 @@ router = APIRouter(tags=["v2 repository"], route_class=DirectRoute)
 
 async def _admin_body(request: Request, worker: Worker, allowed: dict[str, type]) -> dict[str, Any]:
     """The token, then the optional JSON body: an object whose fields and parameters are the allowed ones."""
-    check_token(request.headers.get("authorization"), worker.settings)
+    check_token(request.headers.getlist("authorization"), worker.settings)
     body = await read_body(request, worker.settings)
     doc = loads(body, "body") if body.strip() else {}
     if not isinstance(doc, dict):
@@ -67,7 +67,7 @@ async def load(name: str, request: Request, worker: Worker) -> Response:
     others; 200 once they serve, 400 with the reason when a load fails (what served goes on serving)."""
     await _admin_body(request, worker, {})
     worker.control.check_explicit("load", check_name(name))
-    models = await anyio.to_thread.run_sync(worker.control.load, name)
+    models = await anyio.to_thread.run_sync(worker.load_model, name)
     serving = sorted(worker.runtime.serving.get(name, {}))
     return json_response({"name": name, "loaded": [m.version for m in models], "serving": [str(v) for v in serving]})
 
@@ -77,7 +77,7 @@ async def unload(name: str, request: Request, worker: Worker) -> Response:
     """Stop serving every version of the model; requests already running on one finish on it."""
     await _admin_body(request, worker, {"parameters.unload_dependents": bool})
     worker.control.check_explicit("unload", check_name(name))
-    versions = await anyio.to_thread.run_sync(worker.control.unload, name)
+    versions = await anyio.to_thread.run_sync(worker.unload_model, name)
     return json_response({"name": name, "unloaded": [str(v) for v in versions]})
 
 

@@ -14,11 +14,12 @@ from starlette.responses import Response, StreamingResponse
 
 from app import __version__
 from app.core.model import Model
+from app.errors import ExtensionNotSupported
 from app.server.api import openapi
 from app.server.api.body import read_body
 from app.server.api.direct import DirectRoute
 from app.server.api.responses import json_response, readiness
-from app.server.api.v2 import codec
+from app.server.api.v2 import codec, rules
 from app.server.statistics import InferTimer
 from app.server.worker import INLINE_BODY_BYTES, Worker, staged
 
@@ -95,6 +96,17 @@ async def model_stats(name: str, worker: Worker) -> Response:
 async def model_version_stats(name: str, version: str, worker: Worker) -> Response:
     model = worker.model(name, version)
     return json_response(worker.statistics.report([(model.name, model.version)]))
+
+
+# Triton's shared-memory routes (status, register and unregister, of one region or all): 400 naming the extension.
+@router.api_route("/v2/systemsharedmemory/{path:path}", methods=["GET", "POST"], include_in_schema=False)
+async def system_shared_memory(path: str) -> Response:
+    raise ExtensionNotSupported(rules.SHARED_MEMORY["systemsharedmemory"])
+
+
+@router.api_route("/v2/cudasharedmemory/{path:path}", methods=["GET", "POST"], include_in_schema=False)
+async def cuda_shared_memory(path: str) -> Response:
+    raise ExtensionNotSupported(rules.SHARED_MEMORY["cudasharedmemory"])
 
 
 async def _infer(request: Request, worker: Worker, model: Model) -> Response:

@@ -3,14 +3,16 @@
 The HTTP codec (app/server/api/v2/codec.py) parses JSON and binary sections, the gRPC codec
 (app/server/api/grpc/codec.py) reads protobuf messages; both hand plain values to these
 functions, which check them and phrase the errors. So a rule (a known input, its datatype, its
-rank and element limits, the byte count of raw data, BOOL bytes, the parameters, the requested
-outputs, a finite result) lives here alone and reads the same whichever transport broke it.
+rank and element limits, the byte count of raw data, BOOL bytes, the parameters and numbers sent
+as strings, the requested outputs, a finite result) lives here alone and reads the same whichever
+transport broke it.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +30,16 @@ MISSPELT_RATIO = 0.6  # difflib's: "epsilon" vs "eps" is 0.6, "eps_mod" vs "eps_
 IGNORED_TENSOR_PARAMETERS = ("content_type",)
 # Parameters of the protocol itself (tritonclient's reserved names): accepted, and only the first is used.
 PROTOCOL_PARAMETERS = ("binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
+# A number as a string (KServe's and MLServer's gRPC parameters have no double): a decimal, as JSON writes one.
+NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+INTEGER = re.compile(r"[+-]?\d{1,18}")
+# Triton's shared-memory extensions, by their HTTP path segment: not supported (errors.ExtensionNotSupported).
+SHARED_MEMORY = {"systemsharedmemory": "system_shared_memory", "cudasharedmemory": "cuda_shared_memory"}
+# Bounds on what a request's parameters may cost: 100,000 unknown names took 5.4 s of difflib and were echoed
+# back as 4.1 MB. A model reads at most 3 and the protocol names 6; clients add a few of their own.
+MAX_PARAMETERS = 64  # more is a 400 naming `parameters`
+MAX_CHECKED_NAME = 64  # longer names are never close to a model's (difflib's cost grows with the length)
+MAX_ECHOED = 16  # names listed back in `ignored_parameters`, each cut to MAX_CHECKED_NAME characters
 # The data plane's fields as V2 names them: tensors are inputs, the small fields request parameters.
 FIELDS = Fields(
     x="inputs.input",
@@ -57,6 +69,8 @@ def parameters(raw: Any, model: Model) -> dict[str, Any]:
     params = {} if raw is None else raw
     if not isinstance(params, dict):
         raise InvalidInput(f"expected an object, got {shown(params)}", "parameters")
+    if len(params) > MAX_PARAMETERS:
+        raise InvalidInput(f"{len(params)} parameters; at most {MAX_PARAMETERS} are accepted", "parameters")
     for name, value in params.items():
         if name not in model.parameters and name not in PROTOCOL_PARAMETERS:
             _not_misspelt(name, model)
@@ -65,15 +79,33 @@ def parameters(raw: Any, model: Model) -> dict[str, Any]:
         # Accepted and unused, but still the protocol's parameter values (the model's own are checked as they are read).
         if name in PROTOCOL_PARAMETERS and not isinstance(value, bool | int | float | str):
             raise InvalidInput(f"expected a boolean, number or string, got {shown(value)}", f"parameters.{name}")
-    return params
+    return {name: _number(value, model.numbers.get(name)) for name, value in params.items()}
+
+
+def _number(value: Any, kind: type[int] | type[float] | None) -> Any:
+    """A string that spells a number, read as one where the model's parameter is a number ("eps": "0.001"):
+    KServe's and MLServer's gRPC messages cannot send a double. Anything else stays as sent, for the model's
+    own check to name (parameters.eps: expected a finite number > 0, got 'abc')."""
+    if kind is None or not isinstance(value, str):
+        return value
+    if kind is int:
+        return int(value) if INTEGER.fullmatch(value) else value
+    number = float(value) if NUMBER.fullmatch(value) else math.nan
+    return number if math.isfinite(number) else value  # "1e999" stays a string, named as sent
 
 
 def ignored(params: Mapping[str, Any], model: Model) -> tuple[str, ...]:
-    """The request parameters that changed nothing: answered back, so that a client can see they were unused."""
-    return tuple(sorted(n for n in params if n not in model.parameters and n not in PROTOCOL_PARAMETERS))
+    """The request parameters that changed nothing: answered back, so that a client can see they were unused;
+    the first MAX_ECHOED names in order, each cut, then how many more there were."""
+    names = sorted(n for n in params if n not in model.parameters and n not in PROTOCOL_PARAMETERS)
+    echoed = [n if len(n) <= MAX_CHECKED_NAME else n[: MAX_CHECKED_NAME - 1] + "…" for n in names[:MAX_ECHOED]]
+    more = [f"+{len(names) - MAX_ECHOED} more"] if len(names) > MAX_ECHOED else []
+    return (*echoed, *more)
 
 
 def _not_misspelt(name: str, model: Model) -> None:
+    if len(name) > MAX_CHECKED_NAME:
+        return
     squashed = name.lower().replace("-", "_")
     ratios = {known: difflib.SequenceMatcher(None, squashed, known).ratio() for known in model.parameters}
     for known in sorted(ratios, key=ratios.__getitem__, reverse=True):  # the closest name is the one suggested
@@ -137,14 +169,14 @@ def from_raw(
     field: str,
     size_name: str = "binary_data_size",
 ) -> np.ndarray:
-    """Raw little-endian bytes -> the input: its byte count must match the shape, BOOL bytes be 0 or 1.
+    """Raw little-endian bytes -> the input: its byte count must match the shape.
 
+    BOOL: any nonzero byte is true, as C and NumPy read a byte (perf_analyzer's random data sends any byte).
     A number tensor is a view of the raw bytes, no copy (peak RSS): the data plane's input checks and casts it."""
     arr = decode_binary(raw, datatype, shape, field, size_name)
     if datatype == "BOOL":
-        if arr.view(np.uint8).max(initial=0) > 1:
-            raise InvalidInput("BOOL bytes must be 0 or 1", f"inputs.{spec.name}")
-        return arr.copy()  # a copy: the request's memory is not the data plane's
+        truth: np.ndarray = arr.view(np.uint8) != 0  # a new array: the request's memory is not the data plane's
+        return truth
     return arr
 
 

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 import pytest
 import tritonclient.grpc as tg
 
-from tests.server.api.grpc.live import GrpcServer, grpc_server
+from tests.server.api.grpc.live import ADMIN_TOKEN, GrpcServer, grpc_server
 
 
 @pytest.fixture(scope="session")
 def live_grpc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
-    with grpc_server(tmp_path_factory.mktemp("grpc")) as server:
+    with grpc_server(tmp_path_factory.mktemp("grpc"), {"NORMSERVE_ADMIN_TOKEN": ADMIN_TOKEN}) as server:
         yield server
 
 

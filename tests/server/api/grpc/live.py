@@ -15,6 +15,10 @@ import orjson
 from benchmarks.servers import free_port, server_process, uvicorn_command
 from tests.live_server import server_env
 
+# The admin token of the shared live server (tests/server/api/grpc/conftest.py): admin RPCs are closed without one.
+ADMIN_TOKEN = "grpc-admin-token"
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+
 
 @dataclass(frozen=True)
 class GrpcServer:
@@ -52,12 +56,18 @@ class GrpcServer:
 
 @contextmanager
 def grpc_server(
-    tmp: Path, env: Mapping[str, str] | None = None, args: Sequence[str] = (), timeout: float = 90.0
+    tmp: Path,
+    env: Mapping[str, str] | None = None,
+    args: Sequence[str] = (),
+    timeout: float = 90.0,
+    wait_ready: bool = True,
 ) -> Iterator[GrpcServer]:
-    """app.main:app with NORMSERVE_GRPC_PORT on a free port (logs at info in tmp/server.log), stopped by its PID."""
+    """app.main:app with NORMSERVE_GRPC_PORT on a free port (logs at info in tmp/server.log), stopped by its PID;
+    yielded once ready, or once live (wait_ready=False)."""
     port = free_port()
     full_env = server_env({"NORMSERVE_GRPC_PORT": str(port), "NORMSERVE_LOG_LEVEL": "info", **(env or {})})
     log = tmp / "server.log"
     command = uvicorn_command("--log-level", "warning")
-    with server_process(command, env=full_env, args=args, output=log, timeout=timeout) as server:
+    ready = "/v2/health/ready" if wait_ready else "/v2/health/live"
+    with server_process(command, ready=ready, env=full_env, args=args, output=log, timeout=timeout) as server:
         yield GrpcServer(server.base, f"127.0.0.1:{port}", server.proc, log)

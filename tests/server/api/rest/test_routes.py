@@ -4,6 +4,7 @@ and beta) and POST /encode (both encoders against the NumPy reference, with padd
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -12,7 +13,8 @@ import pytest
 from app.core import reference
 from app.core.runtime import Runtime
 from app.core.seeds import LAYER_NORM_EXAMPLES, SEED003, LayerNormExample
-from tests.live_server import MODELS
+from tests.live_server import MODELS, live_server
+from tests.repositories import add_version, copy_models, learned_layernorm, sha256sum_identity
 
 ATOL = 1e-4  # the float32 service against the seeds' numbers (or their own precision, where coarser)
 
@@ -35,11 +37,33 @@ def test_golden_vectors_on_both_backends(client: httpx.Client, backend: str, exa
 @pytest.mark.parametrize(
     "fields", [{}, {"version": 1}, {"model": "layernorm", "version": "1"}], ids=["default", "int", "str"]
 )
-def test_onnxruntime_result_names_the_exact_model_file(client: httpx.Client, fields: dict[str, object]) -> None:
-    manifest = json.loads((MODELS / "layernorm/1/manifest.json").read_text())
+def test_onnxruntime_result_names_the_exact_model_version(client: httpx.Client, fields: dict[str, object]) -> None:
     body = client.post("/normalize", json={"data": [[1.0, 2.0]], **fields}).json()
-    assert body["model"] == {"name": "layernorm", "version": "1", "sha256": manifest["files"]["model.onnx"]}
+    identity = sha256sum_identity(MODELS / "layernorm/1")
+    assert body["model"] == {"name": "layernorm", "version": "1", "sha256": identity}
     assert client.post("/normalize", json={"data": [[1.0, 2.0]], "backend": "numpy", **fields}).json()["model"] is None
+
+
+def test_versions_that_differ_only_in_weights_answer_with_different_identities(tmp_path: Path) -> None:
+    """Trained LayerNorms share the default graph: their identity covers weights.npz too, and is the same for the
+    same files (version 3 is a copy of version 1's)."""
+    root = copy_models(tmp_path / "models", ("layernorm",))
+    learned_layernorm(root, "my-ln", 1, np.array([1.0, 2.0, 3.0]), np.zeros(3))
+    learned_layernorm(root, "my-ln", 2, np.array([3.0, 2.0, 1.0]), np.ones(3))
+    add_version(root, "my-ln", 3, source=1)
+    (root / "my-ln" / "model.json").write_text(json.dumps({"version_policy": {"all": {}}}))
+    with live_server({"NORMSERVE_MODEL_DIR": str(root)}) as base:
+        answers = [
+            httpx.post(f"{base}/normalize", json={"data": [[1.0, 2.0, 4.0]], "model": m, "version": v}, timeout=30)
+            for m, v in (("my-ln", 1), ("my-ln", 2), ("my-ln", 3), ("layernorm", 1))
+        ]
+    assert [r.status_code for r in answers] == [200] * 4
+    one, two, copy, default = (r.json()["model"]["sha256"] for r in answers)
+    assert [one, two, default] == [
+        sha256sum_identity(root / m / v) for m, v in (("my-ln", "1"), ("my-ln", "2"), ("layernorm", "1"))
+    ]
+    assert len({one, two, default}) == 3 and copy == one
+    assert answers[0].json()["output"] != answers[1].json()["output"]  # they compute different things
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "numpy"])

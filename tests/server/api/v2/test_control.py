@@ -210,14 +210,14 @@ def test_trace_count_and_model_level_decide_which_requests_are_exported(
 
 
 def test_timestamps_without_an_exporter_is_refused(tmp_path_factory: pytest.TempPathFactory) -> None:
-    with grpc_server(tmp_path_factory.mktemp("no-exporter")) as server:
-        r = httpx.post(server.base + "/v2/trace/setting", json={"trace_level": ["TIMESTAMPS"]})
+    with grpc_server(tmp_path_factory.mktemp("no-exporter"), {"NORMSERVE_ADMIN_TOKEN": TOKEN}) as server:
+        r = httpx.post(server.base + "/v2/trace/setting", json={"trace_level": ["TIMESTAMPS"]}, headers=AUTH)
         assert r.status_code == 400
         assert r.json()["error"] == (
             "trace_level: TIMESTAMPS needs an OTLP endpoint: "
             "OTEL_EXPORTER_OTLP_ENDPOINT is not set (or OTEL_SDK_DISABLED is true)"
         )
-        assert httpx.get(server.base + "/v2/trace/setting").json()["trace_level"] == ["OFF"]
+        assert httpx.get(server.base + "/v2/trace/setting", headers=AUTH).json()["trace_level"] == ["OFF"]
 
 
 def test_tritonclient_raises_on_a_missing_token(admin: GrpcServer) -> None:

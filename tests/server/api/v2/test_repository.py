@@ -192,14 +192,14 @@ def test_a_rest_request_names_its_model_and_version(explicit: str) -> None:
 
 
 def test_outside_explicit_mode_load_and_unload_are_403_naming_the_setting() -> None:
-    with live_server() as base:
+    with live_server({"NORMSERVE_ADMIN_TOKEN": TOKEN}) as base:
         for action in ("load", "unload"):
-            r = httpx.post(f"{base}/v2/repository/models/layernorm/{action}")
+            r = httpx.post(f"{base}/v2/repository/models/layernorm/{action}", headers=AUTH)
             assert (r.status_code, r.json()["error"]) == (
                 403,
                 f"cannot {action} model 'layernorm': NORMSERVE_MODEL_CONTROL is 'none'; the repository API loads "
                 "and unloads models only with NORMSERVE_MODEL_CONTROL=explicit",
             )
-        index = httpx.post(f"{base}/v2/repository/index")  # reading the index is not control: no token set
+        index = httpx.post(f"{base}/v2/repository/index", headers=AUTH)  # reading the index is not control
         assert index.status_code == 200 and {e["state"] for e in index.json()} == {"READY"}
         assert httpx.get(f"{base}/v2/").json() == httpx.get(f"{base}/v2").json()

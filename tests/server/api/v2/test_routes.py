@@ -252,5 +252,17 @@ def test_statistics_of_all_models_name_each_once(triton: th.InferenceServerClien
         ("encoder-preln", "1"),
         ("layernorm", "1"),
     ]
-    # Every onnxruntime run is one execution, counted once under its batch size (rows of the run).
+    # Every onnxruntime run is one execution, counted once (under batch size 1).
     assert all(sum(b["compute_infer"]["count"] for b in s["batch_stats"]) == s["execution_count"] for s in stats)
+
+
+@pytest.mark.parametrize(("model", "shape"), [("layernorm", (6, 5, 4)), ("encoder", (3, 4, 128))])
+def test_batch_stats_are_of_batch_size_one_as_the_config_says_max_batch_size_0(
+    triton: th.InferenceServerClient, model: str, shape: tuple[int, ...]
+) -> None:
+    """An input's first dim is its own batch dim, not Triton's: Triton reports such a model's runs as batch size 1."""
+    assert triton.get_model_config(model)["max_batch_size"] == 0
+    triton.infer(model, [_input("input", np.ones(shape, np.float32))])
+    (s,) = triton.get_inference_statistics(model)["model_stats"]
+    assert [b["batch_size"] for b in s["batch_stats"]] == [1]
+    assert s["batch_stats"][0]["compute_infer"]["count"] == s["execution_count"] > 0

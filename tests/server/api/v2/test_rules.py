@@ -147,18 +147,51 @@ def test_an_inputs_allowed_parameters_are_returned_as_given(runtime: Runtime, pa
     assert rules.tensor_parameters(params, runtime.get("layernorm").inputs[0], allowed) == (params or {})
 
 
-def test_raw_bytes_must_fill_the_shape_and_bools_be_zero_or_one(runtime: Runtime) -> None:
-    spec, mask = runtime.get("layernorm").inputs[0], runtime.get("encoder").inputs[1]
+def test_raw_bytes_must_fill_the_shape(runtime: Runtime) -> None:
+    spec = runtime.get("layernorm").inputs[0]
     with pytest.raises(MalformedBody) as e:
         rules.from_raw(b"\0" * 8, spec, "FP32", [3], "inputs.input", "raw_input_contents")
     assert e.value.message == "inputs.input: raw_input_contents is 8 bytes, but shape [3] of FP32 needs 12"
-    assert (
-        _refused(rules.from_raw, b"\0\2", mask, "BOOL", [1, 2], "f") == "inputs.padding_mask: BOOL bytes must be 0 or 1"
-    )
     raw = np.arange(3, dtype=np.float32).tobytes()
     assert rules.from_raw(raw, spec, "FP32", [3], "f").tolist() == [0, 1, 2]
-    flags = rules.from_raw(bytearray(b"\0\1"), mask, "BOOL", [1, 2], "f")
-    assert flags.tolist() == [[False, True]] and flags.flags.writeable  # a copy, not the request's memory
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b"\0\1\0\1", [[False, True], [False, True]]),
+        (b"\0\2\xff\x80", [[False, True], [True, True]]),  # perf_analyzer's random bytes: nonzero is true, as in C
+    ],
+    ids=["zero-one", "any-nonzero"],
+)
+def test_raw_bool_bytes_are_true_when_nonzero(runtime: Runtime, raw: bytes, expected: list[list[bool]]) -> None:
+    mask = runtime.get("encoder").inputs[1]
+    flags = rules.from_raw(bytearray(raw), mask, "BOOL", [2, 2], "f")
+    assert flags.dtype == np.bool_ and flags.tolist() == expected
+    assert flags.view(np.uint8).max() <= 1  # each element is a real NumPy bool, whatever byte was sent
+    assert flags.flags.writeable  # a copy, not the request's memory
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"eps": "0.001"}, {"eps": 0.001}),
+        ({"eps": "1E-5", "normalized_ndim": "2"}, {"eps": 1e-5, "normalized_ndim": 2}),
+        ({"eps": "+.5", "normalized_ndim": "-1"}, {"eps": 0.5, "normalized_ndim": -1}),  # -1: refused by the model
+        ({"eps": "abc", "normalized_ndim": "2.0"}, {"eps": "abc", "normalized_ndim": "2.0"}),  # named by the model
+        ({"eps": "nan"}, {"eps": "nan"}),
+        ({"eps": "1e999"}, {"eps": "1e999"}),  # not finite: stays as sent
+        ({"eps": " 0.1"}, {"eps": " 0.1"}),
+        ({"eps_mode": "1"}, {"eps_mode": "1"}),  # a string parameter stays a string
+        ({"sequence_id": "7"}, {"sequence_id": "7"}),  # the protocol's own: unread, unchanged
+        ({"eps": 0.25, "normalized_ndim": 1}, {"eps": 0.25, "normalized_ndim": 1}),
+    ],
+)
+def test_strings_that_spell_numbers_are_read_as_numbers_where_the_parameter_is_one(
+    runtime: Runtime, params: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    got = rules.parameters(params, runtime.get("layernorm"))
+    assert got == expected and [type(v) for v in got.values()] == [type(v) for v in expected.values()]
 
 
 def test_inline_elements_must_fill_the_shape() -> None:

@@ -1,0 +1,232 @@
+"""app/server/modelsync.py: explicit model control with several workers, every worker serving what the API answered.
+
+A real `normserve serve --workers 2` in explicit mode, where each probe opens a new connection, which the kernel
+may give to either worker, so a worker left behind shows up as a second distinct answer; then one worker's side
+in this process, its peers standing in as other processes' files in the shared folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from app.core.model import sha256_of
+from app.core.runtime import Runtime
+from app.errors import ModelLoadFailed
+from app.server import group, modelsync
+from app.server.control import ModelControl
+from app.server.modelsync import ModelSync
+from app.settings import Settings
+from benchmarks.servers import Server
+from tests.cli.normserve import NORMSERVE
+from tests.live_server import cli_server
+from tests.repositories import add_version, copy_models, learned_layernorm
+
+TOKEN = "sync-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+PROBES = 24
+
+
+def everywhere(base: str, method: str, path: str) -> set[tuple[int, str]]:
+    """The distinct answers of PROBES requests, each on a new connection (so on any worker)."""
+    seen = set()
+    for _ in range(PROBES):
+        r = httpx.request(method, base + path, headers=AUTH, timeout=30)
+        seen.add((r.status_code, r.text))
+    return seen
+
+
+def versions(base: str, name: str) -> set[tuple[int, tuple[str, ...]]]:
+    return {(s, tuple(json.loads(t).get("versions", ()))) for s, t in everywhere(base, "GET", f"/v2/models/{name}")}
+
+
+def index(base: str) -> list[tuple[str, str, str, str]]:
+    """The repository index, asserted the same on every worker."""
+    answers = everywhere(base, "POST", "/v2/repository/index")
+    assert len(answers) == 1, f"the index differs between workers: {answers}"
+    (status, text) = answers.pop()
+    assert status == 200
+    return [(e["name"], e["version"], e["state"], e["reason"]) for e in json.loads(text)]
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # ended meanwhile
+        return b""
+
+
+def workers(server: Server, count: int) -> set[int]:
+    """The pids of the server's workers (uvicorn's spawned children), once there are `count` (or 20 s)."""
+    deadline = time.monotonic() + 20
+    while True:
+        children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
+        found = {int(c) for c in children if b"spawn_main" in _cmdline(c)}
+        if len(found) == count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def all_started(server: Server, count: int) -> None:
+    """Until `count` workers have loaded their start-up models (each acknowledges in the server's shared folder,
+    just before it reports ready): a server answers ready as soon as its first worker is."""
+    folder = group.runtime_dir() / f"server-{server.pid}-{group.started_at(server.pid)}"
+    deadline = time.monotonic() + 60
+    while sum(json.loads(f.read_text())["generation"] >= 0 for f in folder.glob("worker-*.json")) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} workers started"
+        time.sleep(0.05)
+    time.sleep(0.05)  # past the moment it marks itself ready
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    root = copy_models(tmp_path / "models", ("layernorm",))
+    learned_layernorm(root, "ln", 1, np.ones(8, np.float32), np.zeros(8, np.float32))
+    return root
+
+
+@pytest.fixture
+def server(repository: Path) -> Iterator[Server]:
+    env = {
+        **os.environ,
+        "NORMSERVE_MODEL_DIR": str(repository),
+        "NORMSERVE_MODEL_CONTROL": "explicit",
+        "NORMSERVE_ADMIN_TOKEN": TOKEN,
+        "NORMSERVE_LOG_LEVEL": "warning",
+    }
+    with cli_server([str(NORMSERVE), "serve", "--workers", "2"], env) as running:
+        all_started(running, 2)
+        yield running
+
+
+def control(server: Server, action: str, name: str) -> httpx.Response:
+    return httpx.post(f"{server.base}/v2/repository/models/{name}/{action}", headers=AUTH, timeout=120)
+
+
+def test_a_load_and_an_unload_that_answered_are_served_by_every_worker(repository: Path, server: Server) -> None:
+    add_version(repository, "ln", 2)
+    r = control(server, "load", "ln")
+    assert (r.status_code, r.json()) == (200, {"name": "ln", "loaded": ["2"], "serving": ["2"]})
+    assert versions(server.base, "ln") == {(200, ("2",))}
+    assert index(server.base) == [
+        ("layernorm", "1", "READY", ""),
+        ("ln", "1", "UNAVAILABLE", "not selected by the version_policy any more"),
+        ("ln", "2", "READY", ""),
+    ]
+    r = control(server, "unload", "layernorm")
+    assert (r.status_code, r.json()) == (200, {"name": "layernorm", "unloaded": ["1"]})
+    assert {s for s, _ in everywhere(server.base, "GET", "/v2/models/layernorm")} == {404}
+    assert index(server.base)[0] == ("layernorm", "1", "UNAVAILABLE", "unloaded")
+    assert control(server, "load", "layernorm").status_code == 200
+    assert versions(server.base, "layernorm") == {(200, ("1",))}
+
+
+def test_a_failed_load_changes_nothing_on_any_worker_and_every_index_says_why(repository: Path, server: Server) -> None:
+    broken = add_version(repository, "ln", 2) / "weights.npz"
+    broken.write_bytes(b"not the weights")
+    r = control(server, "load", "ln")
+    listed = json.loads((broken.parent / "manifest.json").read_text())["files"]["weights.npz"]
+    reason = f"{broken.relative_to(repository)}: sha256 {sha256_of(broken)} does not match the manifest's {listed}"
+    assert (r.status_code, r.json()) == (400, {"error": f"failed to load model 'ln': {reason}"})
+    assert versions(server.base, "ln") == {(200, ("1",))}
+    assert index(server.base)[1:] == [("ln", "1", "READY", ""), ("ln", "2", "UNAVAILABLE", reason)]
+
+
+def test_a_worker_started_later_serves_what_the_others_serve(repository: Path, server: Server) -> None:
+    add_version(repository, "ln", 2)
+    assert control(server, "load", "ln").status_code == 200
+    assert control(server, "unload", "layernorm").status_code == 200
+    before = index(server.base)
+    victim = min(workers(server, 2))
+    os.kill(victim, signal.SIGKILL)  # uvicorn starts a new worker in its place
+    deadline = time.monotonic() + 60
+    while victim in (replaced := workers(server, 2)) or len(replaced) != 2:  # until uvicorn has replaced it
+        assert time.monotonic() < deadline, f"uvicorn did not replace worker {victim}: {replaced}"
+        time.sleep(0.1)
+    while (ready := {s for s, _ in everywhere(server.base, "GET", "/v2/health/ready")}) != {200}:
+        assert time.monotonic() < deadline, f"the new worker never became ready ({ready})"
+        time.sleep(0.2)
+    assert versions(server.base, "ln") == {(200, ("2",))}
+    assert {s for s, _ in everywhere(server.base, "GET", "/v2/models/layernorm")} == {404}
+    assert index(server.base) == before
+    add_version(repository, "ln", 3)  # the dead worker is not waited for; the new one applies the next load
+    assert control(server, "load", "ln").json() == {"name": "ln", "loaded": ["3"], "serving": ["3"]}
+    assert versions(server.base, "ln") == {(200, ("3",))}
+
+
+# ---- one worker's side, in this process: peers are other pids' files in the shared folder ----------------------
+
+
+def _sync(root: Path, folder: Path) -> ModelSync:
+    control = ModelControl(Runtime(Settings(model_dir=root, model_control="explicit")))
+    for name in control.startup_names():
+        control.warm_up(control.build(name))
+    sync = ModelSync(control, folder)
+    sync.started()
+    return sync
+
+
+@pytest.fixture
+def peer() -> Iterator[int]:
+    """A live process that stands for another worker: its pid names an acknowledgement file."""
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as proc:
+        try:
+            yield proc.pid
+        finally:
+            proc.kill()
+
+
+def _ack(folder: Path, pid: int, generation: int, error: str | None = None) -> None:
+    (folder / f"worker-{pid}.json").write_text(json.dumps({"generation": generation, "error": error}))
+
+
+def test_a_published_generation_is_applied_by_another_worker_with_its_index(repository: Path, tmp_path: Path) -> None:
+    first, second = _sync(repository, tmp_path), _sync(repository, tmp_path)
+    add_version(repository, "ln", 2)
+    first.run(lambda: first.control.load("ln"), "ln")
+    assert sorted(second.control.runtime.serving["ln"]) == [1]
+    second.catch_up()
+    assert sorted(second.control.runtime.serving["ln"]) == [2]
+    assert second.control.index() == first.control.index()
+    first.run(lambda: first.control.unload("ln"), "ln")
+    second.catch_up()
+    assert "ln" not in second.control.runtime.serving and second.control.index() == first.control.index()
+
+
+def test_a_worker_that_does_not_apply_a_change_in_time_is_named(
+    repository: Path, tmp_path: Path, peer: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sync = _sync(repository, tmp_path)
+    _ack(tmp_path, peer, 0)
+    monkeypatch.setattr(modelsync, "APPLY_TIMEOUT_S", 0.3)
+    with pytest.raises(ModelLoadFailed) as e:
+        sync.run(lambda: sync.control.unload("ln"), "ln")
+    assert str(e.value) == f"model 'ln': applied here, but worker(s) {peer} did not apply it within 0.3 s"
+
+
+def test_a_worker_that_failed_to_apply_a_change_is_named_with_its_reason(
+    repository: Path, tmp_path: Path, peer: int
+) -> None:
+    sync = _sync(repository, tmp_path)
+    _ack(tmp_path, peer, 1, "failed to load model 'ln': no space left")
+    with pytest.raises(ModelLoadFailed) as e:
+        sync.run(lambda: sync.control.unload("ln"), "ln")
+    assert str(e.value) == f"model 'ln': worker {peer} could not apply it: failed to load model 'ln': no space left"
+
+
+def test_a_worker_that_died_is_not_waited_for(repository: Path, tmp_path: Path) -> None:
+    sync = _sync(repository, tmp_path)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _ack(tmp_path, int(gone.stdout), 0)
+    assert sync.run(lambda: sync.control.unload("ln"), "ln") == [1]
+    assert not (tmp_path / f"worker-{gone.stdout.strip()}.json").exists()
