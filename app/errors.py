@@ -13,6 +13,7 @@
     ├── ModelLoadFailed                  a load through the repository API failed   400
     ├── ExtensionNotSupported            a Triton extension normserve has not (shared memory)   400, gRPC UNIMPLEMENTED
     ├── Overloaded                       over max_in_flight                 503 + Retry-After
+    │   └── BudgetExhausted              over max_inflight_bytes            503 + Retry-After (RESOURCE_EXHAUSTED)
     ├── NotReady                         models not verified, or draining   503 + Retry-After
     └── Timeout (TimeoutError)           past request_timeout_s             504
 
@@ -90,6 +91,10 @@ class ExtensionNotSupported(NormserveError):
 
 class Overloaded(NormserveError):
     """More requests in flight than the worker allows."""
+
+
+class BudgetExhausted(Overloaded):
+    """More request body bytes in flight than the worker allows (gRPC answers it RESOURCE_EXHAUSTED)."""
 
 
 class NotReady(NormserveError):

@@ -57,9 +57,23 @@ class Settings(BaseSettings):
     max_elements: int = Field(16_777_216, ge=1, description="Largest element count of any one tensor.")
     max_depth: int = Field(32, ge=1, description="Deepest JSON nesting of arrays, which bounds a tensor's rank.")
     max_in_flight: int = Field(64, ge=1, description="Inference requests per worker at once; more get 503.")
+    # 256 MiB: a worker peaks within 4x the bodies it holds (docs/reliability.md), so 1 GiB over its ~0.35 GiB
+    # at rest, inside the shipped 2 GiB pod limit; docs/operations.md gives the formula for other sizes.
+    max_inflight_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="Request body bytes per worker at once (all transports); past it a request waits 1 s, then 503.",
+    )
     request_timeout_s: float = Field(60.0, gt=0, description="Longest a request may wait for its inference.")
     # From the moment the route starts reading: a client that trickles its body gets 408 and a closed connection.
     body_timeout_s: float = Field(30.0, gt=0, description="Longest a request body may take to arrive; then 408.")
+    # uvicorn closes no connection before its first request head: 1,100 that sent nothing starved a worker.
+    header_timeout_s: float = Field(
+        10.0, gt=0, le=3600, description="Longest a connection may take to send a whole request head; then closed."
+    )
+    max_connections: int = Field(
+        1000, ge=1, description="HTTP connections per worker (and gRPC ones); past it an idle one is closed."
+    )
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish.")
     # 1, measured (docs/benchmarks.md, threads table): requests run concurrently in threads, and workers = cores,
     # so runs overlap, and then a second intra-op thread only fights them: with two callers at (8,128,768),

@@ -12,7 +12,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 
 from app import __version__
-from app.server import group, logs, metrics, modelsync, tracing
+from app.server import group, heads, logs, metrics, modelsync, tracing
 from app.server.api import docs, errors, health, openapi, playground
 from app.server.api import metrics as metrics_api
 from app.server.api.direct import DirectRoute
@@ -20,6 +20,7 @@ from app.server.api.grpc import server as grpc_server
 from app.server.api.rest import routes as rest
 from app.server.api.v2 import control, repository
 from app.server.api.v2 import routes as v2
+from app.server.budget import BudgetMiddleware
 from app.server.connections import CloseUnreadBodies
 from app.server.hotpath import NormserveApp
 from app.server.observability import ObservabilityMiddleware
@@ -44,6 +45,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     polling = asyncio.create_task(poll(worker, starting)) if worker.settings.model_control == "poll" else None
     watching = asyncio.create_task(modelsync.watch(worker.sync, starting, worker.settle)) if worker.sync else None
     worker.drain.install()  # SIGTERM: not ready at once, in-flight requests finish, then uvicorn's shutdown
+    config = worker.drain.server_config()
+    if config is not None:  # uvicorn's: head deadline and size, connection limit (app/server/heads.py)
+        heads.install(config, worker.settings)
     async with grpc_server.serving(worker):  # gRPC on NORMSERVE_GRPC_PORT in this worker, stopped with a grace
         yield
     worker.drain.uninstall()
@@ -81,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.worker = Worker(settings or Settings())
     errors.install(app)
+    app.add_middleware(BudgetMiddleware)  # request bodies counted in NORMSERVE_MAX_INFLIGHT_BYTES as they are read
     app.add_middleware(ObservabilityMiddleware)  # pure ASGI: request ids, request metrics, the JSON log line
     app.add_middleware(CloseUnreadBodies)  # an answer sent before its request's body ended closes the connection
     for router in (rest.router, health.router, v2.router, repository.router, control.router, metrics_api.router):

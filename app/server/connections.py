@@ -1,18 +1,24 @@
-"""Close the connection after answering a request whose body was not read to its end.
+"""`Connection: close` on the answers after which a kept-alive connection must not carry another request.
 
-An HTTP/1.1 connection can carry the next request only once this one's body has arrived, so uvicorn
-keeps reading it, and its keep-alive timer restarts with every byte: a client that trickled the body
-of a request answered without reading it (a 404, a 405, a GET with a body, a 413 from Content-Length)
-held its socket for ever, measured. `Connection: close` on such an answer makes uvicorn close the
-socket once the answer is sent. The routes that read bodies stop at NORMSERVE_BODY_TIMEOUT_S
-(app/server/api/body.py) and their 408 goes out through here too.
+- An answer sent before its request's body ended. An HTTP/1.1 connection can carry the next request only
+  once this one's body has arrived, so uvicorn keeps reading it, and its keep-alive timer restarts with
+  every byte: a client that trickled the body of a request answered without reading it (a 404, a 405, a
+  GET with a body, a 413 from Content-Length) held its socket for ever, measured. The routes that read
+  bodies stop at NORMSERVE_BODY_TIMEOUT_S (app/server/api/body.py) and their 408 goes out through here too.
+- A 503 sent while the worker drains: the worker is about to close its connections, and a client that sent
+  its next request on this one just before got no answer at all (3 of 60 requests just after SIGTERM).
+- Any 500: uvicorn closes the connection after an unexpected error, and a client that was not told so
+  failed its next, unrelated request. (Starlette's ServerErrorMiddleware answers outside this middleware:
+  app/server/api/errors.py `unexpected` adds the header to that 500 itself.)
+
+`Connection: close` on an answer makes uvicorn close the socket once the answer is sent, and tells the client.
 """
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-_CLOSE = (b"connection", b"close")
+CLOSE = (b"connection", b"close")
 
 
 def has_body(scope: Scope) -> bool:
@@ -23,17 +29,25 @@ def has_body(scope: Scope) -> bool:
     return False
 
 
+def closes(status: int, scope: Scope) -> bool:
+    """Whether an answer of this status ends the connection whatever the body: a 500, or a 503 while draining."""
+    if status == 500:
+        return True
+    return status == 503 and bool(scope["app"].state.worker.admission.draining)
+
+
 class CloseUnreadBodies:
-    """Pure ASGI middleware (it never buffers a body): adds `Connection: close` to an answer sent too early."""
+    """Pure ASGI middleware (it never buffers a body): adds `Connection: close` to an answer sent too early,
+    and to a 500 or a draining 503 (the module's docstring)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not has_body(scope):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        read = False  # the body's last part (or the client's disconnect) has been received
+        read = not has_body(scope)  # the body's last part (or the client's disconnect) has been received
 
         async def receiving() -> Message:
             nonlocal read
@@ -43,8 +57,8 @@ class CloseUnreadBodies:
             return message
 
         async def sending(message: Message) -> None:
-            if message["type"] == "http.response.start" and not read:
-                message = {**message, "headers": [*message.get("headers", []), _CLOSE]}
+            if message["type"] == "http.response.start" and (not read or closes(message["status"], scope)):
+                message = {**message, "headers": [*message.get("headers", []), CLOSE]}
             await send(message)
 
         await self.app(scope, receiving, sending)

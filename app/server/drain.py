@@ -62,6 +62,14 @@ class Drain:
             if signal.getsignal(sig) == self._on_signal:
                 signal.signal(sig, previous)
 
+    def server_config(self) -> Any | None:
+        """The config of the uvicorn Server whose handlers were wrapped (after install), or None.
+
+        uvicorn reads `http_protocol_class` from it for every new connection, so the lifespan may still
+        change it: app/server/heads.py."""
+        servers = [getattr(handler, "__self__", None) for handler in self._previous.values()]
+        return next((getattr(s, "config") for s in servers if hasattr(s, "config")), None)  # noqa: B009
+
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
         # Runs on the main thread between two bytecodes, possibly inside Admission.enter holding its
         # lock: so no lock here, only an attribute store (atomic) and a thread-safe hand-off to the loop.

@@ -6,7 +6,7 @@ computation itself (cProfile of /normalize (1,8,64), scripts/server_cpu.py). The
 of it: `NormserveApp` matches them by hand and runs them through the same pure-ASGI pieces the stack
 has, in the same order, so every answer is the one the stack gives (tests/server/test_hotpath.py
 compares them): Starlette's ServerErrorMiddleware (an unexpected error: 500 with the request id, then
-re-raised for uvicorn's log) -> CloseUnreadBodies -> ObservabilityMiddleware -> the error table
+re-raised for uvicorn's log) -> CloseUnreadBodies -> ObservabilityMiddleware -> BudgetMiddleware -> the error table
 (NormserveError -> errors.error_response) -> the route's DirectRoute handler. Every other request,
 and every request of an app whose middleware was changed after create_app, goes through FastAPI.
 """
@@ -21,11 +21,12 @@ from starlette.types import Message, Receive, Scope, Send
 from app.errors import NormserveError
 from app.server.api import errors
 from app.server.api.direct import DirectRoute
+from app.server.budget import BudgetMiddleware
 from app.server.connections import CloseUnreadBodies
 from app.server.observability import ObservabilityMiddleware
 
 # What create_app adds (app.user_middleware lists the outermost first): the hot path stands for exactly this.
-MIDDLEWARE = (CloseUnreadBodies, ObservabilityMiddleware)
+MIDDLEWARE = (CloseUnreadBodies, ObservabilityMiddleware, BudgetMiddleware)
 _V2 = "/v2/models/"
 _INFER = "/infer"
 
@@ -38,7 +39,7 @@ class HotRoutes:
         self.exact = {path: by_path[path] for path in ("/normalize", "/encode")}
         self.infer = by_path["/v2/models/{name}/infer"]
         self.infer_version = by_path["/v2/models/{name}/versions/{version}/infer"]
-        self.chain = CloseUnreadBodies(ObservabilityMiddleware(self._answer))
+        self.chain = CloseUnreadBodies(ObservabilityMiddleware(BudgetMiddleware(self._answer)))
 
     def match(self, path: str) -> tuple[DirectRoute, dict[str, str]] | None:
         """The route and path parameters of a POST path, as Starlette's `{name}` ([^/]+) would match them."""

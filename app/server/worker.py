@@ -20,6 +20,7 @@ from app.core.runtime import Runtime
 from app.errors import ModelNotFound, NotReady, Timeout
 from app.server import metrics, observability
 from app.server.admission import Admission
+from app.server.budget import Budget
 from app.server.control import LOAD_ERRORS, ModelControl
 from app.server.drain import Drain
 from app.server.modelsync import ModelSync
@@ -42,6 +43,7 @@ class Worker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.admission = Admission(settings.max_in_flight)
+        self.budget = Budget(settings.max_inflight_bytes)  # request body bytes in flight, every transport
         self.statistics = Statistics()
         # The batchers stop waiting once every request in flight in this worker is in the batch.
         self.runtime = Runtime(settings, observe=self._observe_run, in_flight=self.admission.count)

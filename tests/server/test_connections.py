@@ -1,4 +1,5 @@
-"""app/server/connections.py: an answer sent before its request's body ended carries `Connection: close`.
+"""app/server/connections.py: an answer sent before its request's body ended, a 500 and a draining 503 carry
+`Connection: close`.
 
 In process, through the middleware's ASGI interface; tests/suites/test_http_abuse.py and
 tests/suites/test_slow_clients.py show uvicorn closing those connections on real sockets.
@@ -7,11 +8,13 @@ tests/suites/test_slow_clients.py show uvicorn closing those connections on real
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from starlette.types import Message, Receive, Scope, Send
 
+from app.server.admission import Admission
 from app.server.connections import CloseUnreadBodies, has_body
 
 
@@ -85,3 +88,33 @@ def test_an_answer_sent_before_the_body_ended_closes_the_connection(
     headers = answer_headers(reader(parts_read), request_headers, body)
     assert (CLOSE in headers) is closes
     assert headers[0] == (b"content-length", b"0")  # the app's own headers are kept, in order
+
+
+def answering(status: int) -> Any:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+@pytest.mark.parametrize(
+    ("status", "draining", "closed"),
+    [(200, False, False), (200, True, False), (503, False, False), (503, True, True), (500, False, True)],
+    ids=["200", "200-draining", "503-ready", "503-draining", "500"],
+)
+def test_a_500_or_a_503_while_draining_closes_the_connection(status: int, draining: bool, closed: bool) -> None:
+    admission = Admission(1)
+    admission.draining = draining
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    app = SimpleNamespace(state=SimpleNamespace(worker=SimpleNamespace(admission=admission)))
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "app": app}
+    asyncio.run(CloseUnreadBodies(answering(status))(scope, receive, send))
+    assert ((b"connection", b"close") in sent[0]["headers"]) is closed

@@ -413,3 +413,34 @@ def test_compose_replicas_poll_the_hosts_models_folder_read_only() -> None:
     # What the replicas then serve: the checkout's repository, the image's three models.
     repository = Repository(ROOT / volume["source"])
     assert repository.names() == ["encoder", "encoder-preln", "layernorm"]
+
+
+REST_BYTES = 384 * 2**20  # a worker at rest with the shipped models, with room (132 MiB measured: docs/reliability.md)
+UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+
+
+def quantity(value: str) -> int:
+    """A Kubernetes memory quantity in bytes (the binary suffixes the manifests use, or plain bytes)."""
+    for suffix, scale in UNITS.items():
+        if value.endswith(suffix):
+            return int(float(value.removesuffix(suffix)) * scale)
+    return int(value)
+
+
+@pytest.mark.parametrize("which", ["deployment", "servingruntime"])
+def test_the_memory_limit_holds_every_worker_at_its_budget(
+    pod: dict[str, Any], runtime: dict[str, Any], which: str
+) -> None:
+    """docs/operations.md: limit >= workers x (REST_BYTES + 4 x NORMSERVE_MAX_INFLIGHT_BYTES), set explicitly."""
+    container = pod["containers"][0] if which == "deployment" else runtime["spec"]["containers"][0]
+    env = env_of(container)
+    fields = {name.removeprefix("NORMSERVE_").lower(): v for name, v in env.items() if name.startswith("NORMSERVE_")}
+    settings = Settings.model_validate(fields)
+    assert "NORMSERVE_MAX_INFLIGHT_BYTES" in env  # the budget the limit was sized from is the one the pod runs
+    limit = quantity(container["resources"]["limits"]["memory"])
+    assert settings.workers * (REST_BYTES + 4 * settings.max_inflight_bytes) <= limit
+
+
+@pytest.mark.parametrize(("value", "expected"), [("2Gi", 2**31), ("512Mi", 2**29), ("64Ki", 65536), ("1000", 1000)])
+def test_quantity_reads_kubernetes_memory(value: str, expected: int) -> None:
+    assert quantity(value) == expected

@@ -62,7 +62,9 @@ async def unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
     # Sent from outside the observability middleware (by Starlette's ServerErrorMiddleware): add the id here.
     rid = observability.request_id(request.scope)
-    return json_response({"error": "internal error"}, 500, headers={observability.HEADER: rid} if rid else None)
+    # uvicorn closes the connection after an error it sees raised: say so, or the client's next request fails.
+    headers = {"Connection": "close", **({observability.HEADER: rid} if rid else {})}
+    return json_response({"error": "internal error"}, 500, headers=headers)
 
 
 def install(app: FastAPI) -> None:

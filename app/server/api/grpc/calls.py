@@ -21,15 +21,27 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from app.errors import ExtensionNotSupported, MalformedBody, NormserveError, status_for
+from app.errors import (
+    RETRY_AFTER_S,
+    BodyTimeout,
+    BudgetExhausted,
+    ExtensionNotSupported,
+    MalformedBody,
+    NormserveError,
+    NotReady,
+    Overloaded,
+    status_for,
+)
 from app.server import logs, metrics, observability, tracing
 from app.server.api.errors import printable
 from app.server.api.grpc import wire
+from app.server.budget import Budget
 
 log = logging.getLogger("normserve.errors")
 REQUEST_ID = "x-request-id"
 CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
     401: grpc.StatusCode.UNAUTHENTICATED,
     403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
@@ -59,12 +71,60 @@ class Undecodable:
         return MalformedBody(f"not a valid {self.type_name} ({self.reason})", "request")
 
 
-def decoder(message_type: Any) -> Callable[[bytes], Any]:
-    """The request deserializer of an RPC: the message, or Undecodable."""
+@dataclass(frozen=True)
+class Refused:
+    """A request turned away before grpc read its message (see gated): the handler answers with its error."""
+
+    exc: NormserveError
+    id: str = ""
+
+    def ByteSize(self) -> int:  # noqa: N802 (a protobuf message's method, for begin())
+        return 0
+
+    def error(self) -> NormserveError:
+        return self.exc
+
+
+def gated(budget: Budget, reserve: int, timeout_s: float, handle: Callable[[Any, Any], Awaitable[Any]]) -> Any:
+    """A unary handler, registered as client-streaming (the same wire), that reads its one message only once the
+    budget has room for the largest one (reserve), then counts its real size until the call ends: grpc reads a unary
+    RPC's message whole before its handler runs, so 8 concurrent 61 MiB calls were all in memory at once.
+    The message must arrive within timeout_s (NORMSERVE_BODY_TIMEOUT_S), as an HTTP body must: a trickled one
+    would hold its room in the budget for as long as its client liked."""
+
+    async def read_then_handle(requests: Any, context: Any) -> Any:
+        try:
+            await budget.take(reserve, what=f"a message of up to {reserve} bytes (NORMSERVE_MAX_BODY_BYTES)")
+        except BudgetExhausted as exc:
+            return await handle(Refused(exc), context)
+        try:
+            async with asyncio.timeout(timeout_s):
+                request = await anext(aiter(requests), None)
+        except TimeoutError:
+            budget.give(reserve)
+            limit = f"{timeout_s:g} s (NORMSERVE_BODY_TIMEOUT_S)"
+            return await handle(Refused(BodyTimeout(f"did not arrive in full within {limit}", "request")), context)
+        except BaseException:
+            budget.give(reserve)
+            raise
+        # Its real size stays counted until the call ends: grpc holds the message while it sends the answer.
+        size = 0 if request is None else int(request.ByteSize())
+        budget.give(reserve - size)
+        context.add_done_callback(lambda _: budget.give(size))
+        return await handle(
+            Undecodable("inference.ModelInferRequest", 0, "no message") if request is None else request, context
+        )
+
+    return read_then_handle
+
+
+def decoder(message_type: Any, parse: Callable[[bytes], Any] | None = None) -> Callable[[bytes], Any]:
+    """The request deserializer of an RPC: the message (by parse, else protobuf's), or Undecodable."""
+    parse = parse or message_type.FromString
 
     def decode(data: bytes) -> Any:
         try:
-            return message_type.FromString(data)
+            return parse(data)
         except DecodeError as e:
             return Undecodable(message_type.DESCRIPTOR.full_name, len(data), str(e))
 
@@ -73,7 +133,7 @@ def decoder(message_type: Any) -> Callable[[bytes], Any]:
 
 def decoded(request: Any) -> Any:
     """The request, or the MalformedBody of one that did not parse."""
-    if isinstance(request, Undecodable):
+    if isinstance(request, (Undecodable, Refused)):
         raise request.error()
     return request
 
@@ -81,7 +141,14 @@ def decoded(request: Any) -> Any:
 def code_for(exc: NormserveError) -> grpc.StatusCode:
     if isinstance(exc, ExtensionNotSupported):  # 400 over HTTP, as Triton; gRPC names the case itself
         return grpc.StatusCode.UNIMPLEMENTED
+    if isinstance(exc, BudgetExhausted):  # a 503 over HTTP; over gRPC, the memory it names is the resource
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     return CODES.get(status_for(exc, v2=True), grpc.StatusCode.INTERNAL)
+
+
+def retry_after(exc: BaseException) -> tuple[tuple[str, str], ...]:
+    """The `retry-after` trailing metadata of a refusal a client should retry (HTTP's Retry-After header)."""
+    return (("retry-after", str(RETRY_AFTER_S)),) if isinstance(exc, (Overloaded, NotReady)) else ()
 
 
 def incoming_id(context: Any, request_id: str = "") -> str:
@@ -183,7 +250,7 @@ def unary(service: str, method: str, fn: Unary) -> Callable[[Any, Any], Awaitabl
             message = call.failed(exc, context)
             if message is None:
                 raise
-            await context.abort(call.code, message, trailing_metadata=trailer)
+            await context.abort(call.code, message, trailing_metadata=trailer + retry_after(exc))
         finally:
             call.finish()
 

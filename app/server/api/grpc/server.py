@@ -14,7 +14,10 @@ extension), any other to UNIMPLEMENTED. Server reflection (grpc.reflection.v1alp
 describes both services, so that `grpcurl list` and `grpcurl describe` work without the .proto files.
 ModelInfer and ModelStreamInfer get wire.py's serializers, which append raw outputs without copies.
 Messages larger than NORMSERVE_MAX_BODY_BYTES, also after decompression, are refused by grpc itself
-with RESOURCE_EXHAUSTED before any handler runs.
+with RESOURCE_EXHAUSTED before any handler runs. A connection that completes no handshake within
+NORMSERVE_HEADER_TIMEOUT_S is closed, as is one idle for IDLE_MS; connections are limited as HTTP's are
+(app/server/heads.py), streams per connection and RPCs at once too, which bounds the messages grpc
+buffers before the budget of body bytes in flight counts them (app/server/budget.py).
 """
 
 from __future__ import annotations
@@ -31,27 +34,47 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection
 from tritonclient.grpc import service_pb2 as pb
 
-from app.server import group
+from app.server import group, heads
 from app.server.api.grpc import calls, health, service, wire
+from app.server.budget import Budget
 from app.server.worker import Worker
+from app.settings import Settings
 
 log = logging.getLogger("normserve.lifecycle")
 MIN_GRACE_S = 1.0
+IDLE_MS = 300_000  # a connection with no RPC for 5 minutes gets GOAWAY; clients reconnect when they need to
+# RPCs at once on one connection (HTTP/2 advises no fewer): at 16, a client at concurrency 16 had streams refused
+# (RST_STREAM 7, tests/suites/test_grpc_load.py); the budget, not this, bounds the messages held.
+MAX_STREAMS = 100
+RPC_HEADROOM = 16  # RPCs at once beyond NORMSERVE_MAX_IN_FLIGHT: health checks, streams
 SERIALIZERS: dict[str, Callable[[Any], bytes]] = {
     "ModelInfer": wire.serialize_infer,
     "ModelStreamInfer": wire.serialize_stream,
 }
+GATED = {"ModelInfer"}  # read only once the budget has room (calls.gated); a stream's messages count as they come
+PARSERS: dict[str, Callable[[bytes], Any]] = {"ModelInfer": wire.parse_infer, "ModelStreamInfer": wire.parse_infer}
 
 
 def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def options(max_message_bytes: int) -> list[tuple[str, int]]:
+def options(settings: Settings) -> list[tuple[str, int]]:
     return [
         ("grpc.so_reuseport", 1),  # every worker binds the port (module docstring)
-        ("grpc.max_receive_message_length", max_message_bytes),  # NORMSERVE_MAX_BODY_BYTES, decompressed too
+        ("grpc.max_receive_message_length", settings.max_body_bytes),  # decompressed too
         ("grpc.max_send_message_length", -1),  # answers are bounded by the inputs' limits, as over HTTP
+        # Connections that sent nothing, or never an RPC, were never closed (issue 22): as HTTP's head deadline.
+        ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * 1000)),
+        ("grpc.max_connection_idle_ms", IDLE_MS),
+        ("grpc.max_allowed_incoming_connections", heads.connection_limit(settings)),
+        # Messages grpc buffers before a handler can count them in NORMSERVE_MAX_INFLIGHT_BYTES (budget.py).
+        ("grpc.max_concurrent_streams", MAX_STREAMS),
+        # grpc grows each stream's flow-control window to the link's bandwidth-delay product: on loopback,
+        # calls waiting for room in the budget had megabytes each buffered beyond it (32 concurrent 61 MiB
+        # calls at NORMSERVE_MAX_IN_FLIGHT=2: +1,108-1,625 MiB with it, +891-957 without; one such call took
+        # 0.7-1.0 s either way, scripts/peak_memory.py).
+        ("grpc.http2.bdp_probe", 0),
     ]
 
 
@@ -59,19 +82,26 @@ async def _unimplemented(request: Any, context: Any, call: calls.Call) -> Any:
     await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"normserve does not implement {call.method}")
 
 
-def handlers(descriptor: Any, messages: ModuleType, impl: object) -> dict[str, grpc.RpcMethodHandler]:
-    """A handler for every RPC of a service descriptor, wrapped by calls.py; UNIMPLEMENTED where impl has none."""
+def handlers(
+    descriptor: Any, messages: ModuleType, impl: object, settings: Settings | None = None, budget: Budget | None = None
+) -> dict[str, grpc.RpcMethodHandler]:
+    """A handler for every RPC of a service descriptor, wrapped by calls.py; UNIMPLEMENTED where impl has none.
+    With a budget, ModelInfer reads its message only once NORMSERVE_MAX_BODY_BYTES fit in it (calls.gated)."""
     table: dict[str, grpc.RpcMethodHandler] = {}
     for method in descriptor.methods:
         request_type = getattr(messages, method.input_type.name)
         response_type = getattr(messages, method.output_type.name)
         fn: Any = getattr(impl, method.name, _unimplemented)
         kw = {
-            "request_deserializer": calls.decoder(request_type),
+            "request_deserializer": calls.decoder(request_type, PARSERS.get(method.name)),
             "response_serializer": SERIALIZERS.get(method.name, response_type.SerializeToString),
         }
         name = descriptor.full_name
-        if not method.server_streaming:
+        if method.name in GATED and budget is not None and settings is not None:
+            unary = calls.unary(name, method.name, fn)
+            gate = calls.gated(budget, settings.max_body_bytes, settings.body_timeout_s, unary)
+            table[method.name] = grpc.stream_unary_rpc_method_handler(gate, **kw)
+        elif not method.server_streaming:
             table[method.name] = grpc.unary_unary_rpc_method_handler(calls.unary(name, method.name, fn), **kw)
         elif method.client_streaming:  # ModelStreamInfer: each message is counted as its own call (service.py)
             wrapped = calls.streaming(name, method.name, fn, count=False)
@@ -90,9 +120,13 @@ def _register(server: grpc.aio.Server, name: str, table: Mapping[str, grpc.RpcMe
 
 def build(worker: Worker) -> tuple[grpc.aio.Server, service.InferenceService, health.HealthService]:
     inference, checks = service.InferenceService(worker), health.HealthService(worker.admission)
-    server = grpc.aio.server(options=options(worker.settings.max_body_bytes))
+    settings = worker.settings
+    # Past the in-flight limit RPCs are refused anyway; the headroom keeps health checks and streams answered.
+    limit = settings.max_in_flight + RPC_HEADROOM
+    server = grpc.aio.server(options=options(settings), maximum_concurrent_rpcs=limit)
     inference_service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    _register(server, inference_service.full_name, handlers(inference_service, pb, inference))
+    table = handlers(inference_service, pb, inference, settings, worker.budget)
+    _register(server, inference_service.full_name, table)
     health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
     _register(server, health_service.full_name, handlers(health_service, health_pb2, checks))
     names = (inference_service.full_name, health_service.full_name, reflection.SERVICE_NAME)

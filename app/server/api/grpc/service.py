@@ -18,6 +18,7 @@ from tritonclient.grpc import service_pb2 as pb
 from app.core.model import Model
 from app.core.repository import check_name
 from app.errors import ExtensionNotSupported, InvalidInput, ModelNotFound, NotReady
+from app.server import budget
 from app.server.api.admin import check_token, grpc_values
 from app.server.api.grpc import calls, codec, messages, wire
 from app.server.api.grpc.calls import Call
@@ -114,7 +115,7 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
         return name
 
     async def ModelInfer(self, request: Any, context: Any, call: Call) -> wire.Encoded:
-        return await self._infer(request, context, call)
+        return await self._infer(request, context, call, counted=True)  # by calls.gated, until the call ends
 
     # Triton's shared-memory extensions: the tensors' bytes come in the request, never from a region.
     SystemSharedMemoryStatus = SystemSharedMemoryRegister = SystemSharedMemoryUnregister = unsupported(SYSTEM_SHM)
@@ -179,7 +180,9 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
         call.model = model.name
         return model
 
-    async def _infer(self, request: Any, context: Any, call: Call, stream: bool = False) -> wire.Encoded:
+    async def _infer(
+        self, request: Any, context: Any, call: Call, stream: bool = False, counted: bool = False
+    ) -> wire.Encoded:
         model = self._model(request.model_name, request.model_version, call)
         timer = InferTimer()  # the request is in memory: grpc has read and parsed it
         timer.model = (model.name, model.version)
@@ -191,4 +194,7 @@ class InferenceService(ControlRPCs):  # TraceSetting and LogSettings: control.py
 
         job = staged(timer, decode, lambda req, result: codec.encode(model, req, result, final=stream))
         inline = call.bytes_in <= INLINE_BODY_BYTES and getattr(model, "batcher", None) is None  # no thread hop
-        return await self.worker.infer(timer, job, inline=inline, deadline_s=context.time_remaining())
+        # A stream's message: grpc has buffered it, counted at once (budget.py) while it is computed.
+        async with self.worker.budget.hold(0 if counted else call.bytes_in):
+            await budget.trim_heap(call.bytes_in)
+            return await self.worker.infer(timer, job, inline=inline, deadline_s=context.time_remaining())

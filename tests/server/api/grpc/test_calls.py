@@ -13,6 +13,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from app.errors import (
+    BodyTimeout,
+    BudgetExhausted,
     ExtensionNotSupported,
     InvalidInput,
     MalformedBody,
@@ -27,6 +29,7 @@ from app.errors import (
 )
 from app.server import logs
 from app.server.api.grpc import calls
+from app.server.budget import Budget
 
 
 class Context:
@@ -45,6 +48,9 @@ class Context:
     def code(self) -> grpc.StatusCode:
         return grpc.StatusCode.UNIMPLEMENTED
 
+    def add_done_callback(self, callback: Any) -> None:
+        self.done = callback  # called by grpc when the call ends; the tests call it
+
 
 @pytest.mark.parametrize(
     ("cls", "code"),
@@ -59,6 +65,8 @@ class Context:
         (NotReady, grpc.StatusCode.UNAVAILABLE),
         (Timeout, grpc.StatusCode.DEADLINE_EXCEEDED),
         (ExtensionNotSupported, grpc.StatusCode.UNIMPLEMENTED),  # a 400 over HTTP: gRPC has a code of its own
+        (BudgetExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (BodyTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
         (NormserveError, grpc.StatusCode.INTERNAL),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else v.name,
@@ -144,3 +152,56 @@ def test_finishing_a_call_counts_it_and_logs_one_line(access_lines: list[logging
         "model": "layernorm",
     }
     assert (record.bytes_in, record.bytes_out) == (10, 0) and record.duration_ms >= 0  # type: ignore[attr-defined]
+
+
+class Message:
+    """A request as protobuf gives it (its size is all gated reads)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def ByteSize(self) -> int:  # noqa: N802
+        return self.size
+
+
+async def one_message(size: int, delay_s: float = 0.0) -> Any:
+    await asyncio.sleep(delay_s)
+    yield Message(size)
+
+
+def gated_call(budget: Budget, messages: Any, timeout_s: float = 1.0) -> tuple[Any, int, Context]:
+    """Run a gated handler (reserve 100 bytes) on messages: what the handler got, and the bytes counted meanwhile."""
+    context = Context()
+    seen: list[tuple[Any, int]] = []
+
+    async def handle(request: Any, _context: Any) -> None:
+        seen.append((request, budget.used))
+
+    asyncio.run(calls.gated(budget, 100, timeout_s, handle)(messages, context))
+    return seen[0][0], seen[0][1], context
+
+
+def test_a_gated_call_reads_once_there_is_room_and_counts_its_size_until_it_ends() -> None:
+    budget = Budget(100)
+    request, counted, context = gated_call(budget, one_message(30))
+    assert (request.size, counted, budget.used) == (30, 30, 30)
+    context.done(None)
+    assert budget.used == 0
+
+
+def test_a_gated_call_without_room_is_refused_unread() -> None:
+    budget = Budget(100)
+    budget.grow(10)  # someone else's body: no room for the largest message (100 bytes)
+    request, counted, _ = gated_call(budget, one_message(30))
+    assert isinstance(request, calls.Refused) and counted == 10 and budget.used == 10
+    assert request.error().message == (
+        "a message of up to 100 bytes (NORMSERVE_MAX_BODY_BYTES) would pass the limit of 100 bytes of request"
+        " bodies in flight (10 now, NORMSERVE_MAX_INFLIGHT_BYTES); retry shortly"
+    )
+
+
+def test_a_gated_message_that_does_not_arrive_in_time_is_a_body_timeout_and_gives_its_room_back() -> None:
+    budget = Budget(100)
+    request, _, _ = gated_call(budget, one_message(30, delay_s=1.0), timeout_s=0.05)
+    assert isinstance(request, calls.Refused) and budget.used == 0
+    assert request.error().message == "request: did not arrive in full within 0.05 s (NORMSERVE_BODY_TIMEOUT_S)"

@@ -109,7 +109,11 @@ def test_the_token_guards_every_repository_rpc(
 @pytest.mark.parametrize(
     ("name", "status", "message"),
     [
-        ("nope", "StatusCode.NOT_FOUND", "model: no model 'nope' in the repository; available: layernorm, my-ln, stats-ln"),
+        (
+            "nope",
+            "StatusCode.NOT_FOUND",
+            "model: no model 'nope' in the repository; available: layernorm, my-ln, stats-ln",
+        ),
         (
             "../etc",
             "StatusCode.INVALID_ARGUMENT",

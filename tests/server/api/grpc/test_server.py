@@ -65,11 +65,17 @@ def test_the_address_brackets_ipv6_hosts(host: str, expected: str) -> None:
     assert server.address(host, 8001) == expected
 
 
-def test_options_share_the_port_and_bound_messages_by_the_body_limit() -> None:
-    assert dict(server.options(1234)) == {
+def test_options_share_the_port_and_bound_messages_connections_and_handshakes_by_the_settings() -> None:
+    settings = Settings(max_body_bytes=1234, header_timeout_s=2.5, max_connections=7)
+    assert dict(server.options(settings)) == {
         "grpc.so_reuseport": 1,
         "grpc.max_receive_message_length": 1234,
         "grpc.max_send_message_length": -1,
+        "grpc.server_handshake_timeout_ms": 2500,
+        "grpc.max_connection_idle_ms": 300_000,
+        "grpc.max_allowed_incoming_connections": 7,
+        "grpc.max_concurrent_streams": 100,
+        "grpc.http2.bdp_probe": 0,
     }
 
 

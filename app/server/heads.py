@@ -1,0 +1,127 @@
+"""Request heads and connections on uvicorn's HTTP protocols: a head deadline, a 64 KiB head, a connection limit.
+
+uvicorn (0.54) closes no connection that has not sent a whole request head: 1,100 connections that sent
+nothing, or half a head, held a worker's file descriptors until every request and probe failed. Neither
+of its parsers bounds a head either: httptools took 20.5 s of the event loop to parse one 128 MiB header
+(and h11 answers a 16 KiB one with a 400). `guarded(cls, settings)` subclasses the protocol uvicorn chose
+(httptools or h11; the lifespan installs it through drain.server_config) with:
+
+- the head deadline, NORMSERVE_HEADER_TIMEOUT_S: a connection whose request head is not complete within it,
+  from the connection or from the head's first byte, is closed (between requests, uvicorn's keep-alive
+  timeout closes an idle connection);
+- heads over MAX_HEAD_BYTES answered 431 and closed, the parser never fed more than that;
+- NORMSERVE_MAX_CONNECTIONS per worker, and never more than half the descriptors the process may open (the
+  rest is headroom for gRPC, model files and logs): past it, an idle connection (one waiting for a head) is
+  closed to make room, so a probe's new connection is served; with none idle, the new one is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from typing import Any
+
+from app.settings import Settings
+
+log = logging.getLogger("normserve.connections")
+MAX_HEAD_BYTES = 64 * 1024  # request line and headers; Node's default is 16 KiB, nginx's 32 KiB (4 x 8k)
+FD_RESERVE = 64  # descriptors never given to HTTP connections: model files, logs, the listening sockets
+_431 = b'{"error":"headers: the request head exceeds 65536 bytes"}'
+TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_431), _431)
+)
+
+
+def connection_limit(settings: Settings) -> int:
+    """NORMSERVE_MAX_CONNECTIONS, within half of the descriptors left after FD_RESERVE (RLIMIT_NOFILE)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return settings.max_connections
+    return max(1, min(settings.max_connections, (soft - FD_RESERVE) // 2))
+
+
+class HeadGuard:
+    """Mixed in before uvicorn's HttpToolsProtocol or H11Protocol, whose attributes it reads."""
+
+    header_timeout_s: float
+    max_connections: int
+    transport: asyncio.Transport
+    connections: set[Any]
+    cycle: Any
+    loop: asyncio.AbstractEventLoop
+    _head_bytes = 0
+    _head_of: Any = None  # the cycle the head being counted follows (None: the connection's first head)
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._arm()
+        if len(self.connections) > self.max_connections:
+            idle = next((c for c in self.connections if c is not self and c._idle()), None)
+            (idle or self).transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def data_received(self, data: bytes) -> None:
+        """Feed the parser at most MAX_HEAD_BYTES + 1 bytes of a head: past that, 431 and close."""
+        while data and not self.transport.is_closing():
+            if not self._in_head():
+                super().data_received(data)  # type: ignore[misc]
+                break
+            if self._head_timer is None:
+                self._arm()
+            piece, data = data[: MAX_HEAD_BYTES + 1 - self._head_bytes], data[MAX_HEAD_BYTES + 1 - self._head_bytes :]
+            self._head_bytes += len(piece)
+            super().data_received(piece)  # type: ignore[misc]
+            if self.cycle is not self._head_of:  # a head completed within the piece: its rest is uncounted
+                self._head_of, self._head_bytes = self.cycle, 0
+                self._disarm()
+            elif self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                log.warning("request head over %d bytes: 431", MAX_HEAD_BYTES)
+                self.transport.write(TOO_LARGE)
+                self.transport.close()
+
+    def _in_head(self) -> bool:
+        """Whether bytes arriving now belong to a request head: no request yet, or the last one's body ended."""
+        return self.cycle is None or not self.cycle.more_body or self.cycle.response_complete
+
+    def _idle(self) -> bool:
+        """Waiting for a request head that has not begun (a connection that may be closed to make room)."""
+        return self._head_bytes == 0 and (self.cycle is None or self.cycle.response_complete)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout, self.cycle)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self, cycle: Any) -> None:
+        self._head_timer = None
+        if self.cycle is cycle and self._in_head():
+            self.transport.close()
+
+
+def guarded(protocol: type[Any], settings: Settings) -> type[Any]:
+    """uvicorn's HTTP protocol class with HeadGuard in front, bound to the settings (the same class if guarded)."""
+    if issubclass(protocol, HeadGuard):
+        return protocol
+    attrs = {"header_timeout_s": settings.header_timeout_s, "max_connections": connection_limit(settings)}
+    return type(f"Guarded{protocol.__name__}", (HeadGuard, protocol), attrs)
+
+
+def install(config: Any, settings: Settings) -> None:
+    """Guard the HTTP protocol a uvicorn Config creates from now on; h11's own head limit made larger than ours.
+
+    A Config not loaded (a Server that serves nothing, as in tests) has no protocol to guard yet."""
+    protocol = getattr(config, "http_protocol_class", None)
+    if protocol is None:
+        return
+    config.h11_max_incomplete_event_size = 2 * MAX_HEAD_BYTES
+    config.http_protocol_class = guarded(protocol, settings)
