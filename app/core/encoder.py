@@ -28,7 +28,7 @@ from app.core.model import (
     positive_int,
     read_weights,
 )
-from app.core.reference import EncoderConfig
+from app.core.reference import POSITIONAL_ENCODINGS, EncoderConfig
 from app.core.repository import MANIFEST
 from app.core.tensors import check_finite
 from app.errors import shown
@@ -173,4 +173,24 @@ def config(entry: Mapping[str, Any], where: Path) -> EncoderConfig:
         )
     if not isinstance(raw.get("norm_first"), bool):
         raise ModelLoadError(f"{where}: config.norm_first {shown(raw.get('norm_first'))}; expected true or false")
-    return EncoderConfig(**sizes, norm_first=raw["norm_first"], eps=positive_float(raw, "eps", where, 1e-5))
+    fields: dict[str, Any] = {**sizes, "norm_first": raw["norm_first"], "eps": positive_float(raw, "eps", where, 1e-5)}
+    return EncoderConfig(**fields, **_architecture(raw, where))
+
+
+def _architecture(raw: Mapping[str, Any], where: Path) -> dict[str, Any]:
+    """The fields a user's model adds (activation, positional encoding, bias, final norm); absent, the defaults'."""
+    default = EncoderConfig()
+    chosen = {
+        "activation": (raw.get("activation", default.activation), tuple(reference.ACTIVATIONS)),
+        "positional_encoding": (raw.get("positional_encoding", default.positional_encoding), POSITIONAL_ENCODINGS),
+        "bias": (raw.get("bias", default.bias), (True, False)),
+        "final_norm": (raw.get("final_norm", default.final_norm), (True, False, None)),
+    }
+    for key, (value, allowed) in chosen.items():
+        if not any(value is a if isinstance(a, bool) or a is None else value == a for a in allowed):
+            expected = ", ".join("null" if a is None else str(a).lower() if isinstance(a, bool) else a for a in allowed)
+            raise ModelLoadError(f"{where}: config.{key} {shown(value)}; expected one of {expected}")
+    fields = {key: value for key, (value, _) in chosen.items()}
+    final_eps = raw.get("final_eps")
+    fields["final_eps"] = None if final_eps is None else positive_float(raw, "final_eps", where, 1e-5)
+    return fields

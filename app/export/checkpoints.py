@@ -1,9 +1,10 @@
 """Users' checkpoints: a trained encoder (normserve's own or torch.nn.TransformerEncoder) or torch.nn.LayerNorm.
 
-A state_dict records shapes but not every size: d_model, d_ff, num_layers and the final norm (pre-LN)
-are read from it, while num_heads is not in it at all (in_proj_weight is (3C, C) for any head count),
-so the command requires --num-heads. A pre-LN torch stack built with norm=None has the keys of a
-post-LN one: normserve's pre-LN ends with a final norm, and such a stack is read as post-LN.
+A state_dict records shapes but not every setting: d_model, d_ff, num_layers, bias and the final norm
+are read from it, while num_heads (in_proj_weight is (3C, C) for any head count), the activation, the
+norm placement and eps are not in it at all: --num-heads is required, the others are flags with
+documented defaults (relu; pre-LN exactly when there is a final norm; 1e-5). PyTorch's modules add no
+positional encoding, normserve's own encoder adds the sinusoidal one: that is each one's default.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from app.core.reference import EncoderConfig
+from app.core.reference import ACTIVATIONS, POSITIONAL_ENCODINGS, EncoderConfig
 from app.export.modules import CheckpointError, Encoder, load_state, read_state_dict
 
 # torch.nn.TransformerEncoderLayer's keys -> normserve's EncoderLayer's, under layers.N. (`norm` is `norm` in both).
@@ -38,6 +39,34 @@ LAYER_KEY = re.compile(r"layers\.(\d+)\.(.+)")
 def is_torch_encoder(state: Mapping[str, Tensor]) -> bool:
     """A state_dict of torch.nn.TransformerEncoder: its layers have self_attn.in_proj_weight."""
     return any(LAYER_KEY.fullmatch(key) and key.endswith(".self_attn.in_proj_weight") for key in state)
+
+
+def is_layernorm(state: Mapping[str, Tensor]) -> bool:
+    """A state_dict of torch.nn.LayerNorm: weight and (unless bias=False) bias, nothing else."""
+    return "weight" in state and state.keys() <= {"weight", "bias"}
+
+
+def describe(state: Mapping[str, Tensor]) -> str:
+    """What a state_dict is, in torch's words, for the messages of a checkpoint given to the wrong command."""
+    if is_layernorm(state):
+        shapes = ", ".join(f"{key} {list(state[key].shape)}" for key in ("weight", "bias") if key in state)
+        return f"this is a torch.nn.LayerNorm state_dict ({shapes}): `normserve export layernorm` takes it"
+    torch_format = is_torch_encoder(state)
+    if torch_format or any(LAYER_KEY.fullmatch(key) for key in state):
+        cfg = infer_config(state, {}, torch_format)
+        owner = "torch.nn.TransformerEncoder" if torch_format else "normserve Encoder"
+        return (
+            f"this is a {owner} state_dict ({cfg.num_layers} layers, d_model {cfg.d_model}): "
+            "`normserve export encoder` takes it"
+        )
+    return (
+        f"this state_dict is neither a torch.nn.TransformerEncoder's nor a torch.nn.LayerNorm's (keys {_keys(state)})"
+    )
+
+
+def _keys(state: Mapping[str, Tensor], limit: int = 4) -> str:
+    keys = sorted(state)
+    return ", ".join(keys[:limit]) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
 def torch_name(key: str) -> str:
@@ -62,7 +91,9 @@ def infer_config(state: Mapping[str, Tensor], given: Mapping[str, Any], torch_fo
     layers = [int(m.group(1)) for key in state if (m := LAYER_KEY.fullmatch(key))]
     if layers:
         inferred["num_layers"] = max(layers) + 1
-    inferred["norm_first"] = "norm.weight" in state or "norm.bias" in state
+    inferred["final_norm"] = inferred["norm_first"] = "norm.weight" in state or "norm.bias" in state
+    inferred["bias"] = name("layers.0.ff.fc1.bias") in state
+    inferred["positional_encoding"] = "none" if torch_format else "sinusoidal"
     chosen = {**inferred, **{k: v for k, v in given.items() if v is not None}}
     return dataclasses.replace(EncoderConfig(), **chosen)
 
@@ -70,11 +101,19 @@ def infer_config(state: Mapping[str, Tensor], given: Mapping[str, Any], torch_fo
 def load_encoder(path: Path, given: Mapping[str, Any]) -> Encoder:
     """An Encoder in eval mode with the checkpoint's weights; CheckpointError names a missing or misshapen key."""
     state = read_state_dict(path)
+    if "self_attn.in_proj_weight" in state:  # a lone TransformerEncoderLayer's: the stack's layers.0
+        state = {f"layers.0.{key}": value for key, value in state.items()}
     torch_format = is_torch_encoder(state)
+    if not torch_format and not any(LAYER_KEY.fullmatch(key) for key in state):
+        raise CheckpointError(f"{path}: {describe(state)}")
     cfg = infer_config(state, given, torch_format)
     check_config(cfg)
     model = Encoder(cfg).eval()
-    load_state(model, state, path, torch_name if torch_format else str)
+    owner = "torch.nn.TransformerEncoder" if torch_format else "normserve Encoder"
+    final = "a final norm" if cfg.has_final_norm else "no final norm"
+    read = f"d_model {cfg.d_model}, d_ff {cfg.d_ff}, {cfg.num_layers} layers, {final}, bias={cfg.bias}"
+    described = f"the {owner} that its keys and the flags describe ({read})"
+    load_state(model, state, path, torch_name if torch_format else str, described)
     return model
 
 
@@ -84,6 +123,8 @@ def check_config(cfg: EncoderConfig) -> None:
         raise ValueError(f"d_model {cfg.d_model} must be even and divisible by num_heads {cfg.num_heads}")
     if min(cfg.d_ff, cfg.num_layers, cfg.num_heads) < 1 or cfg.max_sequence_length < 2 or cfg.eps <= 0:
         raise ValueError(f"d_ff, num_layers and eps must be positive and max_sequence_length at least 2: {cfg}")
+    if cfg.activation not in ACTIVATIONS or cfg.positional_encoding not in POSITIONAL_ENCODINGS:
+        raise ValueError(f"activation {cfg.activation!r} or positional_encoding {cfg.positional_encoding!r} unknown")
 
 
 def load_layernorm(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -98,10 +139,8 @@ def load_layernorm(path: Path) -> tuple[np.ndarray, np.ndarray]:
             f"{path}: an empty state_dict (torch.nn.LayerNorm(elementwise_affine=False) has no weights); "
             "the default layernorm model serves it, with eps in each request"
         )
-    if unexpected := sorted(state.keys() - {"weight", "bias"}):
-        raise CheckpointError(f"{path}: unexpected keys {', '.join(unexpected)}; expected a torch.nn.LayerNorm's")
-    if "weight" not in state:
-        raise CheckpointError(f"{path}: missing key weight; expected a torch.nn.LayerNorm's weight and bias")
+    if not is_layernorm(state):
+        raise CheckpointError(f"{path}: {describe(state)}")
     weight = state["weight"]
     bias = state.get("bias", weight.new_zeros(weight.shape))
     if bias.shape != weight.shape or weight.ndim == 0 or weight.numel() == 0:

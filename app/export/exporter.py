@@ -17,29 +17,22 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
 import onnxruntime as ort
 import torch
 
-import app
-from app.core import encoder as encoder_kind
 from app.core import layernorm as layernorm_kind
-from app.core.reference import EncoderConfig, layer_norm_names
-from app.core.repository import MANIFEST, MODEL_FILE, WEIGHTS_FILE
-from app.export import graph, options, parity, versions
+from app.core.reference import EncoderConfig
+from app.core.repository import MANIFEST, MODEL_FILE
+from app.export import builds, checks, graph, options, parity, sources, versions
+from app.export.builds import ParityError
 from app.export.checkpoints import check_config, load_encoder, load_layernorm
 from app.export.graph import ExportError
-from app.export.modules import CheckpointError, Encoder, RowLayerNorm, load_checkpoint, seeded_encoder
+from app.export.modules import CheckpointError, Encoder, load_checkpoint, seeded_encoder
 
 MIN_OPSET = 18
 DEFAULT_VERSION = 1  # the default models are always version 1: a re-export replaces it
 
 Progress = Callable[[str], None]
-
-
-class ParityError(ExportError):
-    """ONNX outputs that differ from PyTorch or the NumPy reference beyond the tolerance."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +70,9 @@ def export_defaults(
     root = Path(repository)
     with _writing(root, say), contextlib.ExitStack() as stack:
         staged = {name: stack.enter_context(versions.staging(root, name)) for name in ("layernorm", *encoders)}
-        manifests = {"layernorm": _build_layernorm(staged["layernorm"], "layernorm", None, opset, tolerance, say)}
+        manifests = {"layernorm": builds.build_layernorm(staged["layernorm"], "layernorm", None, opset, tolerance, say)}
         for name, model in encoders.items():
-            manifests[name] = _build_encoder(staged[name], name, model, opset, tolerance, say)
+            manifests[name] = builds.build_encoder(staged[name], name, model, opset, tolerance, say)
         exported = [_commit(root, name, staged[name], m, DEFAULT_VERSION) for name, m in manifests.items()]
     say(f"wrote {', '.join(f'{e.name}/{e.version}' for e in exported)} to {root}")
     return exported
@@ -88,32 +81,63 @@ def export_defaults(
 def export_encoder(
     repository: Path,
     name: str,
-    checkpoint: Path,
+    checkpoint: Path | None = None,
     *,
+    module: Path | None = None,
     sizes: Mapping[str, Any] | None = None,
+    check: checks.CheckPair | None = None,
     opset: int = 18,
     tolerance: float = 1e-4,
     progress: Progress | None = None,
 ) -> Exported:
-    """A trained encoder (normserve's or torch.nn.TransformerEncoder's state_dict) as the next version of name.
+    """A trained encoder as the next version of name: a whole module (--module) or a state_dict (--checkpoint).
 
-    sizes: EncoderConfig fields given by flags; the others are read from the checkpoint (see checkpoints.py).
+    sizes: EncoderConfig fields given by flags (a state_dict's heads, activation, ...); the others are read
+    from the checkpoint (checkpoints.py) or the module (sources.py), whose own forward parity is measured against.
     """
     say = progress or (lambda _message: None)
     _check_opset(opset)
-    model = load_encoder(Path(checkpoint), sizes or {})
+    model, against, source = _read_encoder(
+        module, checkpoint, {k: v for k, v in (sizes or {}).items() if v is not None}
+    )
+    check_config(model.cfg)
+    say(f"architecture of {name}: {builds.architecture(model.cfg, source)}")
+    if "note" in source:
+        say(f"note: {source['note']}")
     root = Path(repository)
     with _writing(root, say), versions.staging(root, name) as folder:
-        manifest = _build_encoder(folder, name, model, opset, tolerance, say)
+        manifest = builds.build_encoder(folder, name, model, opset, tolerance, say, against)
+        manifest["source"] = source
+        if check is not None:
+            session = ort.InferenceSession(str(folder / MODEL_FILE), providers=["CPUExecutionProvider"])
+            manifest["check"] = checks.check_encoder(session, check, tolerance)
+            say(
+                f"check {name}: {manifest['check']['max_abs_diff']:.1e} from {check.output} (tolerance {tolerance:.0e})"
+            )
         return _commit(root, name, folder, manifest, None)
+
+
+def _read_encoder(
+    module: Path | None, checkpoint: Path | None, given: Mapping[str, Any]
+) -> tuple[Encoder, parity.Forward | None, dict[str, Any]]:
+    """The twin to export, the user's module to measure it against (a state_dict has none), and the source."""
+    if module is not None:
+        max_len = given.get("max_sequence_length", EncoderConfig().max_sequence_length)
+        user = sources.user_encoder(sources.load_module(module), module, max_len, given.get("positional_encoding"))
+        return user.twin, user.forward, user.source
+    if checkpoint is not None:
+        return load_encoder(Path(checkpoint), given), None, {"class": "state_dict"}
+    raise ValueError("export_encoder needs a module or a checkpoint")
 
 
 def export_layernorm(
     repository: Path,
     name: str,
-    checkpoint: Path,
+    checkpoint: Path | None = None,
     *,
-    eps: float = options.DEFAULT_EPS,
+    module: Path | None = None,
+    eps: float | None = None,
+    check: checks.CheckPair | None = None,
     opset: int = 18,
     tolerance: float = 1e-4,
     progress: Progress | None = None,
@@ -121,17 +145,30 @@ def export_layernorm(
     """A trained torch.nn.LayerNorm as the next version of name: the default graph, with its gamma, beta and eps."""
     say = progress or (lambda _message: None)
     _check_opset(opset)
-    if not eps > 0:
-        raise ValueError(f"eps must be positive, got {eps}")
-    gamma, beta = load_layernorm(Path(checkpoint))
+    if module is not None:
+        learned = sources.user_layernorm(sources.load_module(module), module)
+    elif checkpoint is not None:
+        learned = _layernorm_from_state(Path(checkpoint), options.DEFAULT_EPS if eps is None else eps)
+    else:
+        raise ValueError("export_layernorm needs a module or a checkpoint")
+    if not learned.eps > 0:
+        raise ValueError(f"eps must be positive, got {learned.eps}")
+    root = Path(repository)
+    with _writing(root, say), versions.staging(root, name) as folder:
+        manifest = builds.build_layernorm(folder, name, learned.eval(), opset, tolerance, say)
+        if check is not None:
+            session = graph.load_session(folder / MODEL_FILE, layernorm_kind.INPUTS, layernorm_kind.OUTPUTS)
+            manifest["check"] = checks.check_layernorm(session, learned, check, tolerance)
+        return _commit(root, name, folder, manifest, None)
+
+
+def _layernorm_from_state(checkpoint: Path, eps: float) -> torch.nn.LayerNorm:
+    gamma, beta = load_layernorm(checkpoint)
     module = torch.nn.LayerNorm(gamma.shape, eps=eps, bias=True)
     with torch.no_grad():
         module.weight.copy_(torch.from_numpy(gamma))
         module.bias.copy_(torch.from_numpy(beta))
-    root = Path(repository)
-    with _writing(root, say), versions.staging(root, name) as folder:
-        manifest = _build_layernorm(folder, name, module.eval(), opset, tolerance, say)
-        return _commit(root, name, folder, manifest, None)
+    return module
 
 
 @contextlib.contextmanager
@@ -166,66 +203,6 @@ def _default_encoder(cfg: EncoderConfig, checkpoint: Path | None, seed: int) -> 
     return model
 
 
-def _build_layernorm(
-    folder: Path, name: str, learned: torch.nn.LayerNorm | None, opset: int, tolerance: float, say: Progress
-) -> dict[str, Any]:
-    """The one layernorm graph (gamma, beta and eps are inputs); a learned one adds weights.npz and its eps."""
-    shape = "" if learned is None else f", normalized_shape {list(learned.normalized_shape)}"
-    say(f"exporting {name} (layernorm{shape}, opset {opset}) ...")
-    module = RowLayerNorm().eval()
-    example = (torch.zeros(4, 8), torch.ones(8), torch.zeros(8), torch.full((4, 1), 1e-5), torch.zeros(4, 1))
-    proto = graph.to_onnx(module, example, layernorm_kind.INPUTS, layernorm_kind.OUTPUTS, {}, opset)
-    manifest = {"kind": "layernorm", **graph.write_onnx(folder, proto), **_provenance()}
-    session = graph.load_session(folder / MODEL_FILE, layernorm_kind.INPUTS, layernorm_kind.OUTPUTS)
-    if learned is None:
-        manifest["config"] = {}
-        figures = parity.layernorm_parity(session, module)
-    else:
-        gamma, beta = (p.detach().numpy() for p in (learned.weight, learned.bias))
-        graph.save_npz(folder / WEIGHTS_FILE, {"gamma": gamma, "beta": beta})
-        manifest["config"] = {"normalized_shape": list(learned.normalized_shape), "eps": learned.eps}
-        figures = parity.learned_layernorm_parity(session, learned, gamma, beta)
-    manifest["parity"] = _check_parity(name, *figures, tolerance, say)
-    return manifest
-
-
-def _build_encoder(
-    folder: Path, name: str, model: Encoder, opset: int, tolerance: float, say: Progress
-) -> dict[str, Any]:
-    cfg = model.cfg
-    say(f"exporting {name} ({'pre' if cfg.norm_first else 'post'}-LN, d_model {cfg.d_model}, opset {opset}) ...")
-    # Example sizes above 1 on both axes: torch.export specializes dims it sees as 0 or 1.
-    T = min(5, cfg.max_sequence_length)
-    example = (torch.zeros(2, T, cfg.d_model), torch.zeros(2, T, dtype=torch.bool))
-    inputs, outputs = encoder_kind.signature(cfg)
-    proto = graph.to_onnx(model, example, inputs, outputs, {"seq": cfg.max_sequence_length}, opset)
-    manifest = {"kind": "encoder", **graph.write_onnx(folder, proto), **_provenance()}
-    session = graph.load_session(folder / MODEL_FILE, inputs, outputs)
-    weights = {key: value.detach().numpy() for key, value in model.state_dict().items()}
-    graph.save_npz(folder / WEIGHTS_FILE, weights)
-    manifest["config"] = dataclasses.asdict(cfg)
-    manifest["layer_norms"] = layer_norm_names(cfg)
-    manifest["parity"] = _check_parity(name, *parity.encoder_parity(session, model, weights), tolerance, say)
-    return manifest
-
-
-def _provenance() -> dict[str, Any]:
-    versions = {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": ort.__version__}
-    return {"normserve": app.__version__, "versions": versions | {"numpy": np.__version__}}
-
-
-def _check_parity(
-    name: str, vs_torch: float, vs_numpy: float, description: str, tolerance: float, say: Progress
-) -> dict[str, Any]:
-    say(f"parity {name}: torch {vs_torch:.1e} numpy {vs_numpy:.1e} (tolerance {tolerance:.0e})")
-    if not (vs_torch <= tolerance and vs_numpy <= tolerance):  # also catches NaN
-        raise ParityError(
-            f"parity failed for {name}: onnx vs torch {vs_torch:.3e}, onnx vs numpy {vs_numpy:.3e}, "
-            f"tolerance {tolerance:.0e}; nothing written"
-        )
-    return {"onnx_vs_torch": vs_torch, "onnx_vs_numpy": vs_numpy, "tolerance": tolerance, "inputs": description}
-
-
 def main(argv: Sequence[str] | None = None, progress: Progress | None = None) -> int:
     """`normserve export`: progress on stderr (or to `progress`); on any failure one line of error, exit status 1."""
     return run(options.parse_args(argv), progress)
@@ -237,8 +214,10 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
     Prints `exported NAME version V to FOLDER` on stdout for each version written.
     """
     say = progress or (lambda message: print(message, file=sys.stderr, flush=True))
-    common = {"opset": args.opset, "tolerance": args.tolerance, "progress": say}
+    common: dict[str, Any] = {"opset": args.opset, "tolerance": args.tolerance, "progress": say}
     try:
+        if args.kind is not None:
+            common |= {"module": args.module, "check": checks.from_args(args)}
         if args.kind == "encoder":
             sizes = options.encoder_sizes(args)
             exported = [export_encoder(args.repository, args.name, args.checkpoint, sizes=sizes, **common)]

@@ -40,19 +40,26 @@ class RowLayerNorm(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    """nn.LayerNorm over the last dim that also records its input's mean and std per position."""
+    """nn.LayerNorm over the last dim that also records its input's mean and std per position.
 
-    def __init__(self, d_model: int, eps: float) -> None:
+    affine=False (elementwise_affine=False) has no weight and no bias; bias=False no bias: the state_dict
+    then lacks those keys, as nn.LayerNorm's does, and the reference leaves them out alike.
+    """
+
+    def __init__(self, d_model: int, eps: float, affine: bool = True, bias: bool = True) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(d_model))
-        self.bias = nn.Parameter(torch.zeros(d_model))
+        self.weight = nn.Parameter(torch.ones(d_model)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(d_model)) if affine and bias else None
         self.eps = eps
 
     def forward(self, x: Tensor, stats: Stats) -> Tensor:
         # correction=0 is the population variance of the math; bare torch.var would be unbiased (N-1).
         var, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)  # B,T,1 each
         stats.append((mean.squeeze(-1), var.sqrt().squeeze(-1)))  # B,T each
-        return (x - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias  # B,T,C
+        y = (x - mean) * torch.rsqrt(var + self.eps)  # B,T,C
+        if self.weight is not None:
+            y = y * self.weight
+        return y if self.bias is None else y + self.bias
 
 
 class SelfAttention(nn.Module):
@@ -62,8 +69,8 @@ class SelfAttention(nn.Module):
         super().__init__()
         assert cfg.d_model % cfg.num_heads == 0, f"d_model {cfg.d_model} is not divisible by num_heads {cfg.num_heads}"
         self.num_heads = cfg.num_heads
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # q, k, v stacked as torch's in_proj_weight
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)  # q, k, v stacked as in_proj_weight
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: Tensor, padding_mask: Tensor) -> Tensor:
         B, T, C = x.shape
@@ -80,16 +87,24 @@ class SelfAttention(nn.Module):
         return out
 
 
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,  # the erf form: ONNX's Erf, torch's approximate="none"
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
 class FeedForward(nn.Module):
-    """Position-wise Linear -> ReLU -> Linear."""
+    """Position-wise Linear -> activation -> Linear."""
 
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
-        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.activation = ACTIVATIONS[cfg.activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        out: Tensor = self.fc2(F.relu(self.fc1(x)))  # B,T,C
+        out: Tensor = self.fc2(self.activation(self.fc1(x)))  # B,T,C
         return out
 
 
@@ -101,8 +116,8 @@ class EncoderLayer(nn.Module):
         self.norm_first = cfg.norm_first
         self.attn = SelfAttention(cfg)
         self.ff = FeedForward(cfg)
-        self.norm1 = LayerNorm(cfg.d_model, cfg.eps)
-        self.norm2 = LayerNorm(cfg.d_model, cfg.eps)
+        self.norm1 = LayerNorm(cfg.d_model, cfg.eps, bias=cfg.bias)
+        self.norm2 = LayerNorm(cfg.d_model, cfg.eps, bias=cfg.bias)
 
     def forward(self, x: Tensor, padding_mask: Tensor, stats: Stats) -> Tensor:
         if self.norm_first:
@@ -115,7 +130,8 @@ class EncoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-    """Positional encoding, the layer stack and, for pre-LN, a final norm; returns output then each norm's stats.
+    """Positional encoding (sinusoidal or none), the layer stack and a final norm or none; returns output then each
+    norm's stats.
 
     forward returns (output, mean_0, std_0, mean_1, std_1, ...) flat, the order of the ONNX outputs.
     """
@@ -130,11 +146,13 @@ class Encoder(nn.Module):
         pe = torch.from_numpy(positional_encoding(cfg.max_sequence_length, cfg.d_model)).to(torch.float32)
         self.register_buffer("pe", pe, persistent=False)  # T_max,C
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = LayerNorm(cfg.d_model, cfg.eps) if cfg.norm_first else None
+        final_eps = cfg.eps if cfg.final_eps is None else cfg.final_eps
+        self.norm = LayerNorm(cfg.d_model, final_eps, bias=cfg.bias) if cfg.has_final_norm else None
 
     def forward(self, x: Tensor, padding_mask: Tensor) -> tuple[Tensor, ...]:
         stats: Stats = []
-        x = x + self.pe[: x.shape[1]]  # B,T,C
+        if self.cfg.positional_encoding == "sinusoidal":
+            x = x + self.pe[: x.shape[1]]  # B,T,C
         for layer in self.layers:
             x = layer(x, padding_mask, stats)
         if self.norm is not None:
@@ -152,7 +170,7 @@ def seeded_encoder(cfg: EncoderConfig, seed: int = 0) -> Encoder:
     model = Encoder(cfg)
     with torch.no_grad():
         for module in model.modules():
-            if isinstance(module, LayerNorm):
+            if isinstance(module, LayerNorm) and module.weight is not None and module.bias is not None:
                 module.weight.copy_(1.0 + 0.1 * torch.randn_like(module.weight))
                 module.bias.copy_(0.1 * torch.randn_like(module.bias))
     return model.eval()
@@ -180,13 +198,19 @@ def read_state_dict(path: Path) -> dict[str, Tensor]:
     return dict(state)
 
 
-def load_state(model: nn.Module, state: Mapping[str, Tensor], path: Path, rename: Rename = str) -> None:
+def load_state(
+    model: nn.Module,
+    state: Mapping[str, Tensor],
+    path: Path,
+    rename: Rename = str,
+    described: str = "the configured encoder",
+) -> None:
     """Load state into model strictly; rename maps model's keys to the checkpoint's, whose names errors use."""
     expected = {rename(key): value for key, value in model.state_dict().items()}
     problems = _state_dict_mismatches(expected, state)
     if problems:
         raise CheckpointError(
-            f"{path} does not fit the configured encoder ({'; '.join(problems)}); "
+            f"{path} does not fit {described} ({'; '.join(problems)}); "
             "check --d-model, --d-ff, --num-layers and the norm placement"
         )
     model.load_state_dict({key: state[rename(key)] for key in model.state_dict()}, strict=True)

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.core.reference import EncoderConfig
+from app.core.reference import ACTIVATIONS, POSITIONAL_ENCODINGS, EncoderConfig
 from app.core.repository import NAME
 
 CONFIG_FLAGS = ("d_model", "num_heads", "d_ff", "num_layers", "max_sequence_length")  # --d-model ...
@@ -27,7 +27,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in KINDS:
         parser = _encoder_parser() if argv[0] == "encoder" else _layernorm_parser()
-        return parser.parse_args(argv[1:], argparse.Namespace(kind=argv[0]))
+        args = parser.parse_args(argv[1:], argparse.Namespace(kind=argv[0]))
+        try:
+            check_source_flags(args)
+        except ValueError as e:
+            parser.error(str(e))  # exit 2, as argparse's own refusals
+        return args
     return _defaults_parser().parse_args(argv, argparse.Namespace(kind=None))
 
 
@@ -59,48 +64,79 @@ def _defaults_parser() -> argparse.ArgumentParser:
 def _encoder_parser() -> argparse.ArgumentParser:
     parser = _kind_parser(
         "encoder",
-        "a state_dict of torch.nn.TransformerEncoder (batch_first, ReLU, norm=nn.LayerNorm for pre-LN) "
-        "or of normserve's Encoder",
+        "torch.nn.TransformerEncoder, a lone torch.nn.TransformerEncoderLayer or normserve's Encoder",
+        "a state_dict of torch.nn.TransformerEncoder (or of a lone layer, or of normserve's Encoder); "
+        "what it does not record is given by the flags below",
     )
-    parser.add_argument(
-        "--num-heads", type=int, required=True, help="attention heads (required: a state_dict does not record them)"
+    state = parser.add_argument_group("what a state_dict does not record (--checkpoint only)")
+    state.add_argument("--num-heads", type=int, help="attention heads (required with --checkpoint)")
+    state.add_argument(
+        "--activation", choices=ACTIVATIONS, help="of the feed-forward: relu (default), gelu (erf form), gelu_tanh"
     )
+    placement = state.add_mutually_exclusive_group()
+    placement.add_argument("--pre-ln", dest="norm_first", action="store_const", const=True, help="norm_first=True")
+    placement.add_argument("--post-ln", dest="norm_first", action="store_const", const=False, help="norm_first=False")
+    parser.set_defaults(norm_first=None)  # read from the checkpoint: pre-LN when it has a final norm (norm.weight)
+    state.add_argument("--eps", type=float, help=f"every LayerNorm's eps (default {DEFAULT_EPS:g})")
     for field in ("d_model", "d_ff", "num_layers"):
-        parser.add_argument(f"--{field.replace('_', '-')}", type=int, help="default: read from the checkpoint")
+        state.add_argument(f"--{field.replace('_', '-')}", type=int, help="default: read from the checkpoint")
     default = EncoderConfig().max_sequence_length
     parser.add_argument("--max-sequence-length", type=int, default=default, help=f"default {default}")
-    placement = parser.add_mutually_exclusive_group()
-    placement.add_argument("--pre-ln", dest="norm_first", action="store_const", const=True, help="pre-LN")
-    placement.add_argument("--post-ln", dest="norm_first", action="store_const", const=False, help="post-LN")
-    parser.set_defaults(norm_first=None)  # read from the checkpoint: pre-LN has a final norm (norm.weight)
-    parser.add_argument("--eps", type=float, default=DEFAULT_EPS, help=f"LayerNorm eps (default {DEFAULT_EPS:g})")
+    parser.add_argument(
+        "--positional-encoding",
+        choices=POSITIONAL_ENCODINGS,
+        help="the seeds' sinusoidal encoding added before the first layer, or none; default: none for PyTorch's "
+        "modules and their state_dicts (they have none), sinusoidal for normserve's own encoder",
+    )
+    _add_check(parser, "(B,T,C) float32 input, batch first as the server takes it", "(B,T) bool, true at padding")
     return parser
 
 
 def _layernorm_parser() -> argparse.ArgumentParser:
     parser = _kind_parser(
-        "layernorm", "a state_dict of torch.nn.LayerNorm: weight and bias of the normalized_shape (bias optional)"
+        "layernorm",
+        "torch.nn.LayerNorm (any normalized_shape, bias=False, elementwise_affine=False)",
+        "a state_dict of torch.nn.LayerNorm: weight and bias of the normalized_shape (bias optional)",
     )
     parser.add_argument(
         "--eps",
         type=float,
-        default=DEFAULT_EPS,
-        help=f"its eps, used when a request passes none (default {DEFAULT_EPS:g})",
+        help=f"with --checkpoint: its eps, used when a request passes none (default {DEFAULT_EPS:g})",
     )
+    _add_check(parser, "float32 input ending in the normalized_shape", None)
     return parser
 
 
-def _kind_parser(kind: str, checkpoint: str) -> argparse.ArgumentParser:
+def _kind_parser(kind: str, module: str, checkpoint: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"normserve export {kind}",
         description=f"Export a trained {kind} as the next version of --name in the repository (1 for a new name); "
-        "nothing is written if it fails onnx.checker or parity against PyTorch and NumPy.",
+        "nothing is written if it fails onnx.checker or parity against the module (or the state_dict's rebuilt "
+        "twin) and NumPy, or the --check pair.",
     )
     parser.add_argument("--name", type=model_name, required=True, help=f"model name, matching {NAME.pattern}")
-    parser.add_argument("--checkpoint", type=Path, required=True, help=checkpoint)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--module",
+        type=Path,
+        help=f"a whole module saved with torch.save(module): {module}; every setting is read from it and parity "
+        "is measured against it. Loading a pickled module runs code from the file: only load files you trust",
+    )
+    source.add_argument("--checkpoint", type=Path, help=checkpoint)
     parser.add_argument("--repository", type=Path, default=Path("models"), help="model repository (default: models)")
     _add_common(parser)
     return parser
+
+
+def _add_check(parser: argparse.ArgumentParser, check_input: str, check_mask: str | None) -> None:
+    check = parser.add_argument_group(
+        "your own input and your module's output: the export fails, writing nothing, when its answer differs "
+        "by more than --tolerance"
+    )
+    check.add_argument("--check-input", type=Path, metavar="X.npy", help=check_input)
+    check.add_argument("--check-output", type=Path, metavar="Y.npy", help="your module's output for X.npy")
+    if check_mask is not None:
+        check.add_argument("--check-mask", type=Path, metavar="M.npy", help=check_mask)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -120,7 +156,25 @@ def config(args: argparse.Namespace) -> EncoderConfig:
     return EncoderConfig(**{field: getattr(args, field) for field in CONFIG_FLAGS})
 
 
-def encoder_sizes(args: argparse.Namespace) -> dict[str, int | float | bool | None]:
-    """`normserve export encoder`'s size flags; None where the checkpoint is to say."""
-    fields = (*CONFIG_FLAGS, "norm_first", "eps")
+STATE_FLAGS = ("num_heads", "d_model", "d_ff", "num_layers", "norm_first", "eps", "activation")
+
+
+def encoder_sizes(args: argparse.Namespace) -> dict[str, int | float | bool | str | None]:
+    """`normserve export encoder`'s architecture flags; None where the checkpoint or module is to say."""
+    fields = (*STATE_FLAGS, "max_sequence_length", "positional_encoding")
     return {field: getattr(args, field) for field in fields}
+
+
+def check_source_flags(args: argparse.Namespace) -> None:
+    """ValueError for flags that contradict the source: a module says every setting, a state_dict not the heads."""
+    given = [f"--{f.replace('_', '-')}" for f in STATE_FLAGS if getattr(args, f, None) is not None]
+    if args.kind == "encoder" and args.module is not None and given:
+        raise ValueError(f"{', '.join(given)}: with --module every setting is read from the module; leave it out")
+    if args.kind == "encoder" and args.checkpoint is not None and args.num_heads is None:
+        raise ValueError("--num-heads is required with --checkpoint: a state_dict does not record it")
+    if args.kind == "layernorm" and args.module is not None and args.eps is not None:
+        raise ValueError("--eps: with --module the eps is read from the module; leave it out")
+    if (args.check_input is None) != (args.check_output is None) or (
+        getattr(args, "check_mask", None) is not None and args.check_input is None
+    ):
+        raise ValueError("--check-input and --check-output go together (and --check-mask with them)")

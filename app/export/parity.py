@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,6 +12,8 @@ import torch
 
 from app.core.reference import encoder, layer_norm
 from app.export.modules import Encoder, RowLayerNorm
+
+Forward = Callable[[np.ndarray, np.ndarray | None], np.ndarray]  # the user's module on the served layout
 
 PARITY_SEED = 20240613  # fixed, and separate from the weight seed, so figures compare across exports
 LAYERNORM_DESCRIPTION = (
@@ -117,8 +119,9 @@ def learned_layernorm_parity(
         vs_numpy.append(max_abs_diff(got, layernorm_reference(case, feeds)))
     dims = ",".join(map(str, shape))
     description = (
-        f"the checkpoint's gamma and beta and eps {eps:g} (eps_mode var); seeded N(0,1) float32 scaled by 1, 10 "
-        f"and 0.1: [5,{dims}], [2,3,{dims}], [1,{dims}]; torch.nn.LayerNorm for the output"
+        f"the LayerNorm's gamma and beta (1 and 0 where it has none) and eps {eps:g} (eps_mode var); "
+        f"seeded N(0,1) float32 scaled by 1, 10 and 0.1: [5,{dims}], [2,3,{dims}], [1,{dims}]; "
+        "the torch.nn.LayerNorm module for the output"
     )
     return _worst(vs_torch), _worst(vs_numpy), description
 
@@ -141,25 +144,47 @@ def encoder_cases(d_model: int, max_sequence_length: int) -> list[tuple[np.ndarr
 
 
 def encoder_parity(
-    session: ort.InferenceSession, model: Encoder, weights: dict[str, np.ndarray]
+    session: ort.InferenceSession, model: Encoder, weights: dict[str, np.ndarray], against: Forward | None = None
 ) -> tuple[float, float, str]:
-    """Max abs difference of ORT vs torch and ORT vs the reference (float64 on the float32 weights)."""
+    """Max abs difference of ORT vs torch and ORT vs the reference (float64 on the float32 weights).
+
+    torch is the user's own module when given (`against`: its output, at unpadded positions, with the cases'
+    masks and with none), else normserve's Encoder built from the state_dict (every output).
+    """
     cfg = model.cfg
     vs_torch, vs_numpy = [], []
     for x, mask in encoder_cases(cfg.d_model, cfg.max_sequence_length):
         got = session.run(None, {"input": x, "padding_mask": mask})
-        with torch.no_grad():
-            expected = [t.numpy() for t in model(torch.from_numpy(x), torch.from_numpy(mask))]
+        if against is not None:
+            vs_torch.append(_unpadded_diff(got[0], against(x, mask), mask))
+            plain = session.run(["output"], {"input": x, "padding_mask": np.zeros_like(mask)})[0]
+            vs_torch.append(_unpadded_diff(plain, against(x, None), None))
+        else:
+            with torch.no_grad():
+                expected = [t.numpy() for t in model(torch.from_numpy(x), torch.from_numpy(mask))]
+            vs_torch.append(max_abs_diff(got, expected))
         out, stats = encoder(x, weights, cfg, mask)
         reference = [out] + [a for _, mean, std in stats for a in (mean, std)]
-        vs_torch.append(max_abs_diff(got, expected))
         vs_numpy.append(max_abs_diff(got, reference))
     T, L = min(7, cfg.max_sequence_length), cfg.max_sequence_length
     description = (
         f"seeded N(0,1) float32: [3,{T},{cfg.d_model}] with row 1 padded from {T // 2 + 1} and row 2 "
-        f"fully padded; [1,1,{cfg.d_model}]; [2,{L},{cfg.d_model}] with row 1 padded from {L // 2}"
+        f"fully padded; [1,1,{cfg.d_model}]; [2,{L},{cfg.d_model}] with row 1 padded from {L // 2}; "
+        + (
+            "torch: the module itself in eval mode at unpadded positions, with these masks and with none"
+            if against is not None
+            else "torch: normserve's encoder built from the state_dict"
+        )
     )
     return _worst(vs_torch), _worst(vs_numpy), description
+
+
+def _unpadded_diff(got: np.ndarray, expected: np.ndarray, mask: np.ndarray | None) -> float:
+    """Max abs difference at the positions the mask keeps: torch's fast path answers 0 at padded ones."""
+    keep = np.ones(got.shape[:2], dtype=bool) if mask is None else ~mask  # B,T
+    if not keep.any():
+        return 0.0
+    return float(np.max(np.abs(got[keep].astype(np.float64) - expected[keep])))
 
 
 def max_abs_diff(got: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> float:

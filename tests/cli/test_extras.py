@@ -77,7 +77,8 @@ def test_a_missing_extra_is_one_line_naming_it(base_venv: Path, args: list[str],
         (["export", "--d-model", "x"], "normserve export: error: argument --d-model: invalid int value: 'x'"),
         (
             ["export", "encoder", "--name", "mine", "--checkpoint", "c.pt"],
-            "normserve export encoder: error: the following arguments are required: --num-heads",
+            "normserve export encoder: error: --num-heads is required with --checkpoint: a state_dict does not "
+            "record it",
         ),
     ],
     ids=["bench", "export", "export-encoder"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -97,3 +99,58 @@ def test_padding_mask_hides_keys_and_full_padding_stays_finite() -> None:
     x2[0, 3] += 100.0
     out2, _ = reference.encoder(x2, w, cfg, mask)
     np.testing.assert_allclose(out2[0, :2], out[0, :2], atol=1e-12)
+
+
+# torch.nn.functional.gelu in float64 at these points, both forms (approximate="none" and "tanh").
+GELU_POINTS = [-3.0, -1.0, 0.5, 1.0, 2.5]
+GELU_ERF = [-0.00404969409489031, -0.15865525393145702, 0.34573123063700656, 0.841344746068543, 2.4844758366855597]
+GELU_TANH = [-0.0036373920817729943, -0.15880800939172324, 0.34571400982514394, 0.8411919906082768, 2.484915733910001]
+
+
+@pytest.mark.parametrize(
+    ("activation", "expected"), [("gelu", GELU_ERF), ("gelu_tanh", GELU_TANH)], ids=["erf", "tanh"]
+)
+def test_gelu_is_torchs_in_both_forms(activation: str, expected: list[float]) -> None:
+    np.testing.assert_allclose(reference.ACTIVATIONS[activation](np.array(GELU_POINTS)), expected, rtol=1e-14)
+
+
+def test_the_activation_of_the_config_is_the_feed_forwards() -> None:
+    cfg = reference.EncoderConfig(d_model=8, num_heads=2, d_ff=16, num_layers=1)
+    w, x = _weights(cfg), np.random.default_rng(3).standard_normal((1, 4, 8))
+    h = reference.linear(x, w["layers.0.ff.fc1.weight"], w["layers.0.ff.fc1.bias"])
+    expected = reference.linear(reference.gelu(h), w["layers.0.ff.fc2.weight"], w["layers.0.ff.fc2.bias"])
+    np.testing.assert_allclose(reference.feed_forward(x, w, "layers.0.ff", "gelu"), expected)
+    assert np.abs(reference.feed_forward(x, w, "layers.0.ff") - expected).max() > 1e-3, "relu is another answer"
+
+
+def test_without_positional_encoding_the_first_norm_sees_the_input_itself() -> None:
+    cfg = reference.EncoderConfig(d_model=16, num_heads=4, d_ff=32, num_layers=1, norm_first=True)
+    x = np.random.default_rng(4).standard_normal((2, 5, 16))
+    _, stats = reference.encoder(x, _weights(cfg), dataclasses.replace(cfg, positional_encoding="none"))
+    np.testing.assert_allclose(stats[0][1], x.mean(-1))
+    np.testing.assert_allclose(stats[0][2], x.std(-1))
+
+
+@pytest.mark.parametrize("absent", ["bias", "weight"], ids=["bias-false", "affine-false"])
+def test_weights_absent_from_the_state_are_left_out(absent: str) -> None:
+    """bias=False drops every bias, elementwise_affine=False a norm's weight and bias: as zeros and ones."""
+    cfg = reference.EncoderConfig(d_model=16, num_heads=4, d_ff=32, num_layers=1)
+    w = _weights(cfg)
+    dropped = {k: v for k, v in w.items() if not k.endswith(absent if absent == "bias" else "norm1.weight")}
+    if absent == "weight":
+        dropped.pop("layers.0.norm1.bias")
+        neutral = {"layers.0.norm1.weight": np.ones(16), "layers.0.norm1.bias": np.zeros(16)}
+    else:
+        neutral = {k: np.zeros_like(v) for k, v in w.items() if k.endswith("bias")}
+    x = np.random.default_rng(5).standard_normal((2, 3, 16))
+    np.testing.assert_allclose(reference.encoder(x, dropped, cfg)[0], reference.encoder(x, {**w, **neutral}, cfg)[0])
+
+
+@pytest.mark.parametrize(
+    ("norm_first", "final_norm", "last"),
+    [(True, False, "layers.1.norm2"), (False, True, "norm"), (True, None, "norm"), (False, None, "layers.1.norm2")],
+    ids=["pre-ln-without", "post-ln-with", "pre-ln-default", "post-ln-default"],
+)
+def test_a_final_norm_is_where_the_config_says(norm_first: bool, final_norm: bool | None, last: str) -> None:
+    cfg = reference.EncoderConfig(norm_first=norm_first, final_norm=final_norm)
+    assert reference.layer_norm_names(cfg)[-1] == last

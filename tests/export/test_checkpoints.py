@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +57,8 @@ def test_sizes_and_norm_placement_are_read_from_the_checkpoint(user: tuple[UserE
 
 def test_a_normserve_checkpoint_is_sized_the_same_way() -> None:
     cfg = EncoderConfig(d_model=24, num_heads=3, d_ff=40, num_layers=2, max_sequence_length=16, norm_first=True)
-    assert infer_config(seeded_encoder(cfg).state_dict(), _given(cfg), torch_format=False) == cfg
+    expected = dataclasses.replace(cfg, final_norm=True)  # sinusoidal: normserve's own encoder adds it
+    assert infer_config(seeded_encoder(cfg).state_dict(), _given(cfg), torch_format=False) == expected
 
 
 def test_flags_win_over_the_checkpoint(user: tuple[UserEncoder, nn.TransformerEncoder]) -> None:
@@ -105,15 +107,72 @@ def test_a_checkpoint_that_does_not_fit_is_refused_in_its_own_names(tmp_path: Pa
     path = _broken(spec.build(), how, tmp_path / "bad.pt")
     with pytest.raises(CheckpointError) as e:
         load_encoder(path, _given(spec.cfg))
-    assert str(e.value) == f"{path} does not fit the configured encoder ({problem}); {FIT}"
+    described = "the torch.nn.TransformerEncoder that its keys and the flags describe (d_model 32, d_ff 64, 1 layers, "
+    assert str(e.value) == f"{path} does not fit {described}no final norm, bias=True) ({problem}); {FIT}"
 
 
-def test_pre_ln_asked_of_a_post_ln_checkpoint_names_the_final_norm(tmp_path: Path) -> None:
-    spec = USER_ENCODERS[0]
+def test_pre_ln_of_a_stack_without_final_norm_is_built_without_one(tmp_path: Path) -> None:
+    spec = USER_ENCODERS[0]  # torch's pre-LN stack with norm=None has exactly these keys
     path = save(spec.build(), tmp_path / "post.pt")
+    cfg = load_encoder(path, {**_given(spec.cfg), "norm_first": True}).cfg
+    assert (cfg.norm_first, cfg.final_norm, cfg.has_final_norm) == (True, False, False)
+
+
+@pytest.mark.parametrize(
+    ("state", "problem"),
+    [
+        (
+            {"weight": torch.ones(64), "bias": torch.zeros(64)},
+            "this is a torch.nn.LayerNorm state_dict (weight [64], bias [64]): `normserve export layernorm` takes it",
+        ),
+        (
+            {"weight": torch.ones(2, 8)},
+            "this is a torch.nn.LayerNorm state_dict (weight [2, 8]): `normserve export layernorm` takes it",
+        ),
+        (
+            {"step": torch.zeros(1)},
+            "this state_dict is neither a torch.nn.TransformerEncoder's nor a torch.nn.LayerNorm's (keys step)",
+        ),
+    ],
+    ids=["layernorm", "layernorm-bias-false", "neither"],
+)
+def test_an_encoder_export_of_another_kind_of_state_dict_says_what_it_is(
+    tmp_path: Path, state: dict[str, torch.Tensor], problem: str
+) -> None:
+    path = tmp_path / "other.pt"
+    torch.save(state, path)
     with pytest.raises(CheckpointError) as e:
-        load_encoder(path, {**_given(spec.cfg), "norm_first": True})
-    assert str(e.value) == f"{path} does not fit the configured encoder (missing keys norm.bias, norm.weight); {FIT}"
+        load_encoder(path, {"num_heads": 4})
+    assert str(e.value) == f"{path}: {problem}"
+
+
+@pytest.mark.parametrize(
+    ("build", "problem"),
+    [
+        (
+            lambda: USER_ENCODERS[0].build(),
+            "this is a torch.nn.TransformerEncoder state_dict (1 layers, d_model 32): `normserve export encoder` takes it",
+        ),
+        (
+            lambda: seeded_encoder(EncoderConfig(d_model=16, num_heads=2, d_ff=8, num_layers=2, max_sequence_length=8)),
+            "this is a normserve Encoder state_dict (2 layers, d_model 16): `normserve export encoder` takes it",
+        ),
+    ],
+    ids=["torch", "normserve"],
+)
+def test_a_layernorm_export_of_an_encoder_state_dict_says_what_it_is(
+    tmp_path: Path, build: Callable[[], nn.Module], problem: str
+) -> None:
+    path = save(build(), tmp_path / "encoder.pt")
+    with pytest.raises(CheckpointError) as e:
+        load_layernorm(path)
+    assert str(e.value) == f"{path}: {problem}"
+
+
+def test_a_lone_layer_state_dict_is_the_stack_of_one(tmp_path: Path) -> None:
+    layer = USER_ENCODERS[0].build().layers[0]
+    cfg = load_encoder(save(layer, tmp_path / "layer.pt"), {"num_heads": 4}).cfg
+    assert (cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.final_norm) == (1, 32, 64, False)
 
 
 def test_a_file_that_is_not_a_state_dict_is_refused(tmp_path: Path) -> None:
@@ -155,9 +214,13 @@ def test_a_layernorm_without_bias_has_beta_zero(tmp_path: Path) -> None:
         ),
         (
             {"weight": torch.ones(4), "bias": torch.zeros(4), "running_mean": torch.zeros(4)},
-            "unexpected keys running_mean; expected a torch.nn.LayerNorm's",
+            "this state_dict is neither a torch.nn.TransformerEncoder's nor a torch.nn.LayerNorm's "
+            "(keys bias, running_mean, weight)",
         ),
-        ({"bias": torch.zeros(4)}, "missing key weight; expected a torch.nn.LayerNorm's weight and bias"),
+        (
+            {"bias": torch.zeros(4)},
+            "this state_dict is neither a torch.nn.TransformerEncoder's nor a torch.nn.LayerNorm's (keys bias)",
+        ),
         (
             {"weight": torch.ones(2, 4), "bias": torch.zeros(8)},
             "shape mismatch: weight [2, 4], bias [8]; expected both of the normalized_shape",

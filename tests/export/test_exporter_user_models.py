@@ -115,13 +115,15 @@ def test_learned_layernorm_manifest(users: Users) -> None:
     done = users.layernorm[1]
     m = done.manifest
     assert (m["format_version"], m["name"], m["version"], m["kind"]) == (2, "my-layernorm", 1, "layernorm")
-    assert m["config"] == {"normalized_shape": list(LN_SHAPE), "eps": LN_EPS}
+    assert m["config"] == {"normalized_shape": list(LN_SHAPE), "eps": LN_EPS, "elementwise_affine": True, "bias": True}
     assert m["files"] == {f: _sha256(done.folder / f) for f in ("model.onnx", "weights.npz")}
     committed = json.loads((ROOT / "models" / "layernorm" / "1" / "manifest.json").read_text())
     assert m["files"]["model.onnx"] == committed["files"]["model.onnx"], "the default's generic graph"
     assert (m["inputs"], m["outputs"]) == (committed["inputs"], committed["outputs"])
     assert m["parity"]["onnx_vs_torch"] <= ATOL and m["parity"]["onnx_vs_numpy"] <= ATOL
-    assert m["parity"]["inputs"].startswith("the checkpoint's gamma and beta and eps 0.001 (eps_mode var)")
+    assert m["parity"]["inputs"].startswith(
+        "the LayerNorm's gamma and beta (1 and 0 where it has none) and eps 0.001 (eps_mode var)"
+    )
 
 
 @pytest.mark.parametrize("spec", USER_ENCODERS, ids=lambda u: u.id)
@@ -169,13 +171,18 @@ def test_exported_layernorm_fed_its_weights_computes_what_torch_and_the_referenc
     np.testing.assert_allclose(mean.reshape(batch), ref.mean, atol=ATOL, rtol=0)
 
 
-def test_progress_names_each_model_and_its_parity(users: Users) -> None:
-    assert users.messages[::2] == [
+def test_progress_names_each_model_its_architecture_and_its_parity(users: Users) -> None:
+    assert [m for m in users.messages if not m.startswith("parity")] == [
+        "architecture of post-ln-32x4x1: state_dict: 1 layers, d_model 32, 4 heads, d_ff 64, relu, post-LN, "
+        "eps 1e-05, no final norm, bias, positional encoding none",
         "exporting post-ln-32x4x1 (post-LN, d_model 32, opset 18) ...",
+        "architecture of pre-ln-48x6x3: state_dict: 3 layers, d_model 48, 6 heads, d_ff 96, relu, pre-LN, "
+        "eps 1e-05, final norm (eps 1e-05), bias, positional encoding none",
         "exporting pre-ln-48x6x3 (pre-LN, d_model 48, opset 18) ...",
         "exporting my-layernorm (layernorm, normalized_shape [2, 8], opset 18) ...",
     ]
-    assert [m.split(":")[0] for m in users.messages[1::2]] == [f"parity {n}" for n in (*users.encoders, "my-layernorm")]
+    parities = [m.split(":")[0] for m in users.messages if m.startswith("parity")]
+    assert parities == [f"parity {n}" for n in (*users.encoders, "my-layernorm")]
 
 
 def test_the_command_prints_the_name_version_and_folder(
@@ -186,7 +193,8 @@ def test_the_command_prints_the_name_version_and_folder(
     for version in (1, 2):
         assert main(["layernorm", "--name", "ln", "--checkpoint", str(path), "--repository", str(repo)]) == 0
         assert capsys.readouterr().out == f"exported ln version {version} to {repo}/ln/{version}\n"
-    assert Repository(repo).manifest("ln", 2)["config"] == {"normalized_shape": [2, 8], "eps": 1e-5}
+    config = {"normalized_shape": [2, 8], "eps": 1e-5, "elementwise_affine": True, "bias": True}
+    assert Repository(repo).manifest("ln", 2)["config"] == config
 
 
 @pytest.mark.parametrize("kind", ["encoder", "layernorm"])
@@ -214,7 +222,8 @@ def test_a_refused_checkpoint_is_one_line_and_writes_nothing(
     assert main(argv) == 1
     assert capsys.readouterr() == (
         "",
-        f"normserve export: error: {path} does not fit the configured encoder (missing keys "
+        f"normserve export: error: {path} does not fit the torch.nn.TransformerEncoder that its keys and the flags "
+        "describe (d_model 32, d_ff 64, 1 layers, no final norm, bias=True) (missing keys "
         "layers.0.self_attn.in_proj_bias); check --d-model, --d-ff, --num-layers and the norm placement\n",
     )
     assert not repo.exists()

@@ -47,7 +47,9 @@ def test_an_encoder_takes_only_the_sizes_given_and_reads_the_rest() -> None:
         "num_layers": None,
         "max_sequence_length": 512,
         "norm_first": None,
-        "eps": 1e-5,
+        "eps": None,
+        "activation": None,
+        "positional_encoding": None,
     }
     assert (args.opset, args.tolerance) == (18, 1e-4)
 
@@ -56,6 +58,24 @@ def test_an_encoder_takes_only_the_sizes_given_and_reads_the_rest() -> None:
 def test_the_norm_placement_can_be_given(flag: str, norm_first: bool) -> None:
     args = parse_args(["encoder", "--name", "e", "--checkpoint", "c.pt", "--num-heads", "2", flag])
     assert args.norm_first is norm_first
+
+
+def test_a_module_export_takes_the_positional_encoding_and_a_check_pair() -> None:
+    argv = ["encoder", "--name", "e", "--module", "m.pt", "--positional-encoding", "sinusoidal"]
+    args = parse_args([*argv, "--check-input", "x.npy", "--check-output", "y.npy", "--check-mask", "m.npy"])
+    assert (args.module, args.checkpoint, args.positional_encoding) == (Path("m.pt"), None, "sinusoidal")
+    assert (args.check_input, args.check_output, args.check_mask) == (Path("x.npy"), Path("y.npy"), Path("m.npy"))
+
+
+def test_a_checkpoint_export_takes_what_a_state_dict_does_not_record() -> None:
+    argv = ["encoder", "--name", "e", "--checkpoint", "c.pt", "--num-heads", "8", "--activation", "gelu_tanh"]
+    sizes = encoder_sizes(parse_args([*argv, "--pre-ln", "--eps", "1e-6"]))
+    assert {k: sizes[k] for k in ("num_heads", "activation", "norm_first", "eps")} == {
+        "num_heads": 8,
+        "activation": "gelu_tanh",
+        "norm_first": True,
+        "eps": 1e-6,
+    }
 
 
 def test_a_layernorm_takes_its_eps() -> None:
@@ -74,7 +94,35 @@ def test_a_layernorm_takes_its_eps() -> None:
     [
         (
             ["encoder", "--name", "e", "--checkpoint", "c.pt"],
-            "normserve export encoder: error: the following arguments are required: --num-heads",
+            "normserve export encoder: error: --num-heads is required with --checkpoint: a state_dict does not "
+            "record it",
+        ),
+        (
+            ["encoder", "--name", "e", "--module", "m.pt", "--num-heads", "2", "--activation", "gelu"],
+            "normserve export encoder: error: --num-heads, --activation: with --module every setting is read from "
+            "the module; leave it out",
+        ),
+        (
+            ["layernorm", "--name", "e", "--module", "m.pt", "--eps", "1e-3"],
+            "normserve export layernorm: error: --eps: with --module the eps is read from the module; leave it out",
+        ),
+        (
+            ["encoder", "--name", "e", "--module", "m.pt", "--check-input", "x.npy"],
+            "normserve export encoder: error: --check-input and --check-output go together (and --check-mask with "
+            "them)",
+        ),
+        (
+            ["layernorm", "--name", "e"],
+            "normserve export layernorm: error: one of the arguments --module --checkpoint is required",
+        ),
+        (
+            ["layernorm", "--name", "e", "--module", "m.pt", "--checkpoint", "c.pt"],
+            "normserve export layernorm: error: argument --checkpoint: not allowed with argument --module",
+        ),
+        (
+            ["encoder", "--name", "e", "--checkpoint", "c.pt", "--num-heads", "2", "--activation", "swish"],
+            "normserve export encoder: error: argument --activation: invalid choice: 'swish' (choose from "
+            "'relu', 'gelu', 'gelu_tanh')",
         ),
         (
             ["layernorm", "--checkpoint", "c.pt"],
@@ -91,7 +139,19 @@ def test_a_layernorm_takes_its_eps() -> None:
         ),
         (["--name", "e"], "normserve export: error: unrecognized arguments: --name e"),
     ],
-    ids=["encoder-heads", "layernorm-name", "bad-name", "both-placements", "name-without-kind"],
+    ids=[
+        "encoder-heads",
+        "module-with-architecture-flags",
+        "module-with-eps",
+        "half-a-check-pair",
+        "no-source",
+        "two-sources",
+        "unknown-activation",
+        "layernorm-name",
+        "bad-name",
+        "both-placements",
+        "name-without-kind",
+    ],
 )
 def test_a_kind_without_its_required_flags_exits_2_naming_them(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str

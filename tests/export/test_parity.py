@@ -11,11 +11,13 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
+import torch
 
 from app.core import reference
 from app.core.reference import EncoderConfig
 from app.core.repository import Repository
-from app.export.parity import learned_layernorm_parity
+from app.export.modules import seeded_encoder
+from app.export.parity import encoder_parity, learned_layernorm_parity
 from tests.export.trained import layer_norm as trained_layer_norm
 from tests.live_server import MODELS
 
@@ -182,9 +184,32 @@ def test_learned_layernorm_parity_feeds_the_checkpoints_gamma_beta_and_eps(
     vs_torch, vs_numpy, description = learned_layernorm_parity(sessions["layernorm"], module, gamma, beta)
     assert vs_torch <= ENCODER_ATOL and vs_numpy <= ENCODER_ATOL
     assert description == (
-        "the checkpoint's gamma and beta and eps 0.001 (eps_mode var); seeded N(0,1) float32 scaled by 1, 10 "
-        "and 0.1: [5,2,8], [2,3,2,8], [1,2,8]; torch.nn.LayerNorm for the output"
+        "the LayerNorm's gamma and beta (1 and 0 where it has none) and eps 0.001 (eps_mode var); seeded N(0,1) "
+        "float32 scaled by 1, 10 and 0.1: [5,2,8], [2,3,2,8], [1,2,8]; the torch.nn.LayerNorm module for the output"
     )
     # gamma fed to the graph but not the module's: the torch figure shows it, the reference follows the feeds.
     vs_torch, vs_numpy, _ = learned_layernorm_parity(sessions["layernorm"], module, gamma + 0.5, beta)
     assert vs_torch > 0.1 and vs_numpy <= ENCODER_ATOL
+
+
+@pytest.mark.parametrize(("where", "moved"), [("padded", False), ("unpadded", True)])
+def test_parity_against_a_module_compares_its_unpadded_positions(
+    sessions: dict[str, ort.InferenceSession], where: str, moved: bool
+) -> None:
+    """A user's module is the truth at unpadded positions; what it answers at padded ones (torch's fast path: 0)
+    does not count."""
+    model = seeded_encoder(EncoderConfig(), 0)  # the committed encoder's weights
+    weights = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+
+    def module(x: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        with torch.no_grad():
+            padding = np.zeros(x.shape[:2], dtype=bool) if mask is None else mask
+            out = model(torch.from_numpy(x), torch.from_numpy(padding))[0].numpy()
+        changed = padding if where == "padded" else ~padding
+        return np.where(changed[..., None], out + 1.0, out)
+
+    vs_module, vs_numpy, description = encoder_parity(sessions["encoder"], model, weights, module)
+    assert (vs_module > 0.5) is moved and vs_numpy <= ENCODER_ATOL
+    assert description.endswith(
+        "torch: the module itself in eval mode at unpadded positions, with these masks and with none"
+    )

@@ -6,6 +6,7 @@ all) and an exporter that dropped or mixed up a weight would show in the outputs
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from app.core.reference import EncoderConfig, positional_encoding
+from app.core.reference import EncoderConfig
 
 STEPS = 5
 
@@ -23,6 +24,11 @@ STEPS = 5
 class UserEncoder:
     id: str
     cfg: EncoderConfig  # what the exporter should read (num_heads and max_sequence_length are flags)
+
+    def __post_init__(self) -> None:
+        # PyTorch's stacks add no positional encoding, and these end with a final norm exactly when pre-LN.
+        cfg = dataclasses.replace(self.cfg, positional_encoding="none", final_norm=self.cfg.norm_first)
+        object.__setattr__(self, "cfg", cfg)
 
     def build(self, seed: int = 0) -> nn.TransformerEncoder:
         """The torch stack, trained a few steps, in eval mode."""
@@ -47,16 +53,15 @@ USER_ENCODERS = [
 
 
 def torch_encode(model: nn.TransformerEncoder, x: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """torch's output for normserve's input x: torch adds no positional encoding, so it is fed x + pe.
+    """torch's output for x and a padding mask (the export adds no positional encoding to a torch stack).
 
     Run in train mode (dropout is 0: the same math) so that torch takes its plain path, not the fast
     inference path, which returns zeros at padded positions.
     """
-    pe = positional_encoding(x.shape[1], x.shape[2]).astype(np.float32)  # T,C
     model.train()
     try:
         with torch.no_grad():
-            out = model(torch.from_numpy(x + pe), src_key_padding_mask=torch.from_numpy(mask))
+            out = model(torch.from_numpy(x), src_key_padding_mask=torch.from_numpy(mask))
     finally:
         model.eval()
     return out.numpy()
@@ -83,3 +88,17 @@ def _train(model: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor], sh
 def save(module: nn.Module, path: Path) -> Path:
     torch.save(module.state_dict(), path)
     return path
+
+
+def gelu_encoder(seed: int = 0) -> nn.TransformerEncoder:
+    """docs/checkpoints/my-gelu-encoder.pt, the README walkthrough's module: GELU, pre-LN, a final norm, eps 1e-6.
+
+    Written with torch.save(gelu_encoder(), path): a whole module, as `normserve export encoder --module` takes it.
+    """
+    torch.manual_seed(seed)
+    layer = nn.TransformerEncoderLayer(
+        32, 4, 64, dropout=0.0, activation="gelu", batch_first=True, norm_first=True, layer_norm_eps=1e-6
+    )
+    model = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(32, eps=1e-6), enable_nested_tensor=False)
+    _train(model, model, (4, 6, 32))
+    return model.eval()

@@ -32,7 +32,10 @@ from tests.server.api.grpc.live import GrpcServer, grpc_server
 TOKEN = "broken-versions-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 Mutate = Callable[[Path, dict[str, Any]], None]
-CONFIG_FIELDS = "d_ff, d_model, eps, max_sequence_length, norm_first, num_heads, num_layers"
+CONFIG_FIELDS = (
+    "activation, bias, d_ff, d_model, eps, final_eps, final_norm, max_sequence_length, norm_first, num_heads, "
+    "num_layers, positional_encoding"
+)
 LN_INPUTS = "input[rows,cols], gamma[cols], beta[cols], eps_var[rows,1], eps_std[rows,1]"
 ENC_INPUTS = "input[batch,seq,128], padding_mask[batch,seq]"
 
@@ -126,10 +129,22 @@ CASES: list[tuple[str, str, Mutate, str]] = [
     (
         "unknown-config-field",
         "encoder",
-        _config(activation="swish"),
+        _config(dropout=0.1),
         "{m}"
-        f"/1/manifest.json: config {shown({**ENCODER_CONFIG, 'activation': 'swish'})}; an encoder's config "
+        f"/1/manifest.json: config {shown({**ENCODER_CONFIG, 'dropout': 0.1})}; an encoder's config "
         f"has {CONFIG_FIELDS}",
+    ),
+    (
+        "unknown-activation",
+        "encoder",
+        _config(activation="swish"),
+        "{m}/1/manifest.json: config.activation 'swish'; expected one of relu, gelu, gelu_tanh",
+    ),
+    (
+        "unknown-positional-encoding",
+        "encoder",
+        _config(positional_encoding="learned"),
+        "{m}/1/manifest.json: config.positional_encoding 'learned'; expected one of none, sinusoidal",
     ),
     (
         "layer-norms-disagree",

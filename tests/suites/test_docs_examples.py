@@ -98,23 +98,39 @@ SKIPPED: dict[tuple[str, str], str] = {
 }
 # README's walkthrough of a user's model: a second server in explicit mode "in another terminal", and exports
 # that write into a repository of the user's; tests/cli/test_models.py and tests/suites/test_rollout.py run it.
+# The README's script that compares the served answer with the user's module (run by
+# tests/suites/test_exported_models_serve.py against the walkthrough's repository).
+WALKTHROUGH_SCRIPT = """\
+import httpx
+import numpy as np
+import torch
+
+module = torch.load("docs/checkpoints/my-gelu-encoder.pt", weights_only=False).eval()  # your module
+x = np.random.default_rng(0).standard_normal((2, 5, 32)).astype(np.float32)
+mask = np.array([[False] * 5, [False] * 3 + [True] * 2])  # the second sequence has 2 padding positions
+body = {"model": "my-encoder", "data": x.tolist(), "padding_mask": mask.tolist(), "validate": True}
+served = httpx.post("http://127.0.0.1:8000/encode", json=body).json()
+with torch.no_grad():
+    expected = module(torch.from_numpy(x), src_key_padding_mask=torch.from_numpy(mask)).numpy()
+diff = np.abs(np.asarray(served["output"]) - expected)[~mask].max()
+print(f"max |served - module| at unpadded positions: {diff:.0e}")
+print(f"validation passed: {served['validation']['passed']}, max_abs_diff {served['validation']['max_abs_diff']:.0e}")"""
 WALKTHROUGH = (
     "cp -r models my-models",
-    "normserve export encoder --name my-encoder --checkpoint docs/checkpoints/my-encoder.pt --num-heads 4 "
-    "--repository my-models",
+    "normserve export encoder --name my-encoder --module docs/checkpoints/my-gelu-encoder.pt --repository my-models",
     "NORMSERVE_MODEL_DIR=my-models NORMSERVE_MODEL_CONTROL=explicit NORMSERVE_ADMIN_TOKEN=change-me normserve serve"
     "   # in another terminal",
     "export NORMSERVE_ADMIN_TOKEN=change-me",
     "normserve models list",
-    'curl -s 127.0.0.1:8000/encode -H \'Content-Type: application/json\' -d \'{"model": "my-encoder", '
-    '"validate": true, "data": [[0.5, -1.0, 0.25, 2.0, …32 numbers…]]}\'',
+    WALKTHROUGH_SCRIPT,
     "normserve models load my-encoder",
 )
 SKIPPED |= {
     (
         "README.md",
         command,
-    ): "a walkthrough with its own server in explicit mode; tests/cli/test_models.py runs its steps"
+    ): "a walkthrough with its own server in explicit mode; tests/cli/test_models.py, tests/suites/test_rollout.py "
+    "and tests/suites/test_exported_models_serve.py run its steps"
     for command in WALKTHROUGH
 }
 
