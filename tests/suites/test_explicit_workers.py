@@ -133,7 +133,7 @@ async def _roll_out(repository: Path, admin: Admin) -> dict[str, float]:
     tampered = repository / NAME / "3" / "model.onnx"
     tampered.write_bytes(tampered.read_bytes() + b"\0")
     listed = json.loads((tampered.parent / "manifest.json").read_text())["files"]["model.onnx"]
-    reason = f"{tampered}: sha256 {sha256_of(tampered)} does not match the manifest's {listed}"
+    reason = f"{tampered.relative_to(repository)}: sha256 {sha256_of(tampered)} does not match the manifest's {listed}"
     assert await admin.control("load", NAME) == (400, f"failed to load model {NAME!r}: {reason}")
     assert await admin.versions(NAME) == {(200, ("1", "2"))}  # nothing changed on any worker
     assert (await admin.index())[1:] == [
