@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
+
 from benchmarks.servers import HOST, ROOT, Server, free_port, uvicorn_command
 from benchmarks.servers import server_process as _server_process
 
-__all__ = ["MODELS", "ROOT", "cli_server", "live_server", "server_env", "server_process"]
+__all__ = ["MODELS", "ROOT", "cli_server", "every_worker_ready", "live_server", "server_env", "server_process"]
 
 MODELS = ROOT / "models"
 
@@ -71,3 +74,12 @@ def cli_server(
         command, port=port, ready=ready, cwd=cwd, env=full_env, timeout=timeout, stop_timeout=30, output=output
     ) as server:
         yield server
+
+
+def every_worker_ready(base: str, probes: int = 20, timeout: float = 90.0) -> None:
+    """Until `probes` readiness checks in a row, each on a new connection, answer 200: a server with several
+    workers answers ready as soon as its first worker is, and the kernel spreads new connections over all of them."""
+    deadline = time.monotonic() + timeout
+    while not all(httpx.get(f"{base}/v2/health/ready", timeout=10).status_code == 200 for _ in range(probes)):
+        assert time.monotonic() < deadline, f"not every worker of {base} was ready within {timeout} s"
+        time.sleep(0.2)
