@@ -42,8 +42,14 @@ _MAX_DEPTH = 64
 _MAX_KEYS = 64
 
 
-def loads(body: bytes | bytearray | memoryview, is_tensor: Callable[[Path], bool]) -> Any | None:
-    """The document, with each numeric array at a path where is_tensor holds as a float64 ndarray; None = fall back."""
+def loads(
+    body: bytes | bytearray | memoryview, is_tensor: Callable[[Path], bool], taken: Callable[[], None] | None = None
+) -> Any | None:
+    """The document, with each numeric array at a path where is_tensor holds as a float64 ndarray; None = fall back.
+
+    taken() runs once the document is sure to be taken, before the float64 buffers are built: a caller done
+    with the body releases it there, so the body, simdjson's padded copy and tape and the buffers never all
+    coexist (a 61 MiB body of floats peaked at 5x itself with all four)."""
     try:
         root = simdjson.Parser().parse(body)
     except (ValueError, TypeError, RuntimeError):  # invalid JSON: orjson names the problem
@@ -61,6 +67,35 @@ def loads(body: bytes | bytearray | memoryview, is_tensor: Callable[[Path], bool
     # body's '[' count equals lists + the skeleton's only when every tensor is exactly its shape.
     if _count_open_brackets(body) != lists[0] + skeleton.count(b"["):
         return None
+    if taken is not None:
+        taken()
+    # Each tensor matched its shape (the count above), so a buffer can only fail on a non-number, and the
+    # array is then its lists, as the count already assumed: no fallback to the body is needed from here.
+    return _materialize(doc)
+
+
+class _Tensor:
+    """A rectangular array of numbers found by _convert, turned into its buffer only once the document is taken."""
+
+    def __init__(self, node: simdjson.Array, shape: list[int]) -> None:
+        self.node = node
+        self.shape = shape
+
+    def value(self) -> Any:
+        try:
+            flat = np.frombuffer(self.node.as_buffer(of_type="d"), dtype=np.float64)
+        except (TypeError, ValueError):  # a boolean, null or string among the numbers; or a number out of range
+            return self.node.as_list()  # the codec's own checks explain what is wrong
+        return flat.reshape(self.shape)
+
+
+def _materialize(doc: Any) -> Any:
+    if isinstance(doc, _Tensor):
+        return doc.value()
+    if isinstance(doc, dict):
+        return {key: _materialize(value) for key, value in doc.items()}
+    if isinstance(doc, list):
+        return [_materialize(value) for value in doc]
     return doc
 
 
@@ -80,17 +115,17 @@ def _convert(node: Any, path: Path, is_tensor: Callable[[Path], bool], lists: li
         return {key: _convert(node[key], (*path, key), is_tensor, lists) for key in keys}
     if isinstance(node, simdjson.Array):
         if is_tensor(path):
-            arr = _numeric(node)
-            if arr is not None:
-                lists[0] += sum(math.prod(arr.shape[:d]) for d in range(arr.ndim))  # 1 + d0 + d0*d1 + ...
-                return arr
+            shape = _numeric(node)
+            if shape is not None:
+                lists[0] += sum(math.prod(shape[:d]) for d in range(len(shape)))  # 1 + d0 + d0*d1 + ...
+                return _Tensor(node, shape)
             return node.as_list()  # booleans, strings, ragged: the codec's own checks explain what is wrong
         return [_convert(value, (*path, i), is_tensor, lists) for i, value in enumerate(node)]
     return node
 
 
-def _numeric(node: simdjson.Array) -> np.ndarray | None:
-    """A rectangular array of numbers as float64 (row-major), or None."""
+def _numeric(node: simdjson.Array) -> list[int] | None:
+    """The shape of a rectangular array that starts with a number, or None."""
     shape: list[int] = []
     probe: Any = node
     while isinstance(probe, simdjson.Array):
@@ -114,13 +149,7 @@ def _numeric(node: simdjson.Array) -> np.ndarray | None:
                     return None
                 children.append(child)
         level = children
-    try:
-        flat = np.frombuffer(node.as_buffer(of_type="d"), dtype=np.float64)
-    except (TypeError, ValueError):  # a boolean, null or string among the numbers; or a number out of range
-        return None
-    if flat.size != math.prod(shape):
-        return None
-    return flat.reshape(shape)
+    return shape
 
 
 def _count_open_brackets(body: bytes | bytearray | memoryview) -> int:
