@@ -3,7 +3,8 @@
 `orjson.loads` builds one Python float (24 bytes) and one list slot (8 bytes) per number:
 a 64 MiB body of floats became ~390 MiB of objects and took 3.5 s, measured. Here simdjson
 parses the body once, each tensor comes out of its tape as one float64 buffer, and only the
-small fields become Python objects.
+small fields become Python objects. A body over 16 MiB has its top-level tensor parsed in
+pieces, so simdjson's copy of the text and its tape exist for one piece at a time.
 
 This is only a fast path. Anything it is not sure of (invalid JSON, a non-number, a ragged
 or too-deep array, a tensor of booleans) returns None or leaves that value as Python lists,
@@ -56,10 +57,8 @@ def loads(
     with the body releases it there, so the body, simdjson's padded copy and tape and the buffers never all
     coexist (a 61 MiB body of floats peaked at 5x itself with all four)."""
     if len(body) > _SPLIT_BYTES and not isinstance(body, memoryview):
-        doc = _loads_split(body, is_tensor)
+        doc = _loads_split(body, is_tensor, taken or (lambda: None))
         if doc is not None:
-            if taken is not None:
-                taken()
             return doc
     try:
         root = simdjson.Parser().parse(body)
@@ -170,22 +169,24 @@ def _count_open_brackets(body: bytes | bytearray | memoryview) -> int:
     return sum(bytes(body[i : i + step]).count(b"[") for i in range(0, len(body), step))
 
 
-def _loads_split(body: bytes | bytearray, is_tensor: Callable[[Path], bool]) -> Any | None:
+def _loads_split(body: bytes | bytearray, is_tensor: Callable[[Path], bool], taken: Callable[[], None]) -> Any | None:
     """The document with its first top-level tensor parsed piece by piece, or None (then parsed whole).
 
     Same document as the whole parse, or None: the pieces are valid arrays joined by commas, and the rest
-    of the body (with 0 in the tensor's place) is valid JSON checked as the whole body would be."""
+    of the body (with 0 in the tensor's place) is valid JSON checked as the whole body would be. The
+    pieces are joined once the body is released (taken)."""
     found = _top_level_array(body, is_tensor)
     if found is None:
         return None
     key, start, end = found
-    tensor = _pieces(body, start, end)
-    if tensor is None:
+    parts = _pieces(body, start, end)
+    if parts is None:
         return None
     doc = loads(bytes(body[:start]) + b"0" + bytes(body[end:]), is_tensor)
     if not isinstance(doc, dict) or type(doc.get(key)) is not int:
         return None
-    doc[key] = tensor
+    taken()
+    doc[key] = parts[0] if len(parts) == 1 else np.concatenate(parts)
     return doc
 
 
@@ -214,8 +215,8 @@ def _top_level_array(body: bytes | bytearray, is_tensor: Callable[[Path], bool])
     return None
 
 
-def _pieces(body: bytes | bytearray, start: int, end: int) -> np.ndarray | None:
-    """The array body[start:end] as float64, its items parsed about _PIECE_BYTES at a time; None when unsure."""
+def _pieces(body: bytes | bytearray, start: int, end: int) -> list[np.ndarray] | None:
+    """The array body[start:end] as float64 pieces of about _PIECE_BYTES of its text each; None when unsure."""
     nested = body[start + 1 : start + 65].lstrip(_WS)[:1] == b"["
     last = end - 1  # the closing ']'
     parts: list[np.ndarray] = []
@@ -237,9 +238,9 @@ def _pieces(body: bytes | bytearray, start: int, end: int) -> np.ndarray | None:
         if cut == last:
             break
         first = cut + 1
-    tensor = parts[0] if len(parts) == 1 else np.concatenate(parts)
-    rows = math.prod(tensor.shape[:-1])
-    return None if rows > _SHORT_ROWS and rows * 8 > tensor.size else tensor
+    # The whole parse's rule for many short rows (_numeric), on the whole shape
+    rows = sum(math.prod(part.shape[:-1]) for part in parts)
+    return None if rows > _SHORT_ROWS and rows * 8 > sum(part.size for part in parts) else parts
 
 
 def _whole_array(text: bytes) -> np.ndarray | None:

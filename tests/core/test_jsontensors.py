@@ -187,7 +187,7 @@ def test_a_large_body_parsed_in_pieces_gives_the_same_document_as_one_parse(
     monkeypatch.setattr(jsontensors, "_PIECE_BYTES", 4)
     assert _outcome(body) == whole
     try:
-        split = jsontensors._loads_split(bytearray(body), _data)
+        split = jsontensors._loads_split(bytearray(body), _data, lambda: None)
     except InvalidInput:
         split = "refused"
     assert (split is not None) is in_pieces
