@@ -16,7 +16,7 @@ import orjson
 from app.errors import InvalidInput
 
 # A JSON string token; possessive quantifiers keep long runs of escapes linear.
-_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"')
+STRING_TOKEN = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"')
 _COLON = re.compile(rb"[ \t\r\n]*:")
 
 
@@ -25,7 +25,7 @@ def first_duplicate_key(text: bytes | bytearray, end: int | None = None) -> str 
     end = len(text) if end is None else end
     objects: list[set[str]] = []  # the keys seen in each open object, innermost last
     pos = 0
-    for token in _STRING.finditer(text, 0, end):
+    for token in STRING_TOKEN.finditer(text, 0, end):
         _braces(text, pos, token.start(), objects)
         pos = token.end()
         if objects and _COLON.match(text, pos, end):

@@ -130,3 +130,64 @@ def test_strings_holding_brackets_do_not_confuse_the_shape_check() -> None:
 def test_only_tensor_paths_become_arrays() -> None:
     doc = jsontensors.loads(b'{"data": [1, 2], "gamma": [3, 4]}', _data)
     assert doc is not None and isinstance(doc["data"], np.ndarray) and doc["gamma"] == [3, 4]
+
+
+def _outcome(body: bytes) -> Any:
+    """What loads makes of a body, comparable: arrays as (dtype, shape, bytes), a refusal as its message."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return (str(value.dtype), value.shape, value.tobytes())
+        if isinstance(value, dict):
+            return [(k, plain(v)) for k, v in value.items()]
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        return (type(value).__name__, value)
+
+    try:
+        return plain(jsontensors.loads(bytearray(body), _data))
+    except InvalidInput as e:
+        return ("refused", e.field, str(e))
+
+
+@pytest.mark.parametrize(
+    ("body", "in_pieces"),
+    [
+        (b'{"data": [[1, 2, 3], [4, 5, 6], [7, 8, 9]], "eps": 1e-5}', True),
+        (b'{"eps": 1e-5, "data" : [ -0, 0.5,\n1e5, 16777217, 3.4028234e38, 1e-45, 7, 8 ] }', True),
+        (b'{"data": [[[1, 2], [3, 4]], [[5, 6], [7, 8]], [[9, 10], [11, 12]]], "normalized_shape": [2, 2]}', True),
+        (b'{"x": {"data": [[0, 0], [0, 0], [0, 0]]}, "data": [[1, 2], [3, 4], [5, 6]]}', True),
+        (b'{"data": [[1, 2], [3, 4], [5, 6]], "data": [[1, 2], [3, 4], [5, 6]]}', True),
+        (b'{"data": [[1, 2], [3, [4]], [5, 6]]}', False),
+        (b'{"data": [[1, 2], [3, 4], [5, true]]}', False),
+        (b'{"data": [[1, 2], [3, 4, 5], [5, 6]]}', False),
+        (b'{"data": [[1, 2], [3, 4], [5, 6],]}', False),
+        (b'{"data": [[1, 2], [3, 4], [5, 6]]', False),
+        (b'{"a": "]", "data": [[1, 2], [3, 4], [5, 6]], "b": "[\\"}"}', True),
+    ],
+    ids=[
+        "2d",
+        "1d-spaces",
+        "3d",
+        "nested-key-first",
+        "repeated-key",
+        "hidden-level",
+        "boolean",
+        "ragged",
+        "trailing-comma",
+        "unclosed",
+        "brackets-in-strings",
+    ],
+)
+def test_a_large_body_parsed_in_pieces_gives_the_same_document_as_one_parse(
+    monkeypatch: pytest.MonkeyPatch, body: bytes, in_pieces: bool
+) -> None:
+    whole = _outcome(body)
+    monkeypatch.setattr(jsontensors, "_SPLIT_BYTES", 8)
+    monkeypatch.setattr(jsontensors, "_PIECE_BYTES", 4)
+    assert _outcome(body) == whole
+    try:
+        split = jsontensors._loads_split(bytearray(body), _data, lambda: None)
+    except InvalidInput:
+        split = "refused"
+    assert (split is not None) is in_pieces

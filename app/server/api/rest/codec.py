@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from app.core import jsontensors
 from app.core.dataplane import EncodeInput, EncodeOutput, Fields, NormalizeInput, NormalizeOutput
 from app.core.encoder import EncoderModel
-from app.core.jsonkeys import check_unique_keys
+from app.core.jsonkeys import check_unique_keys, duplicate_key, first_duplicate_key
 from app.core.layernorm import LayerNormModel
 from app.core.model import Model
 from app.core.tensors import decode_json_tensor, dumps, encode_json_tensor, loads
@@ -68,19 +68,19 @@ def decode_normalize(
     body: bytes | bytearray, settings: Settings, resolve: Resolve
 ) -> tuple[LayerNormModel, NormalizeInput]:
     """The layernorm model named by `model` and `version`, and its input with the model's defaults."""
-    fields, tensors = _split(body, NORMALIZE_TENSORS)
+    fields, tensors, scan = _split(body, NORMALIZE_TENSORS)
     params = _validate(NormalizeParams, fields, NORMALIZE_TENSORS)
     model = resolve(params.model, params.version)
     if not isinstance(model, LayerNormModel):
         raise InvalidInput(f"{params.model!r} is of kind {model.kind}; /normalize takes a layernorm model", "model")
-    may_hold_bools = _may_hold_bools(body, tensors)
+    may_hold_bools = _may_hold_bools(scan, tensors)
     x, gamma, beta = (
         _tensor(tensors[name], name, settings, may_hold_bools) if name in tensors else None
         for name in NORMALIZE_TENSORS
     )
     assert x is not None
     k = _trailing_dims(params.normalized_shape, x.shape)
-    check_unique_keys(body)  # last, when the body is known to hold only numbers besides the fields
+    scan.check_unique_keys()  # last, when the body is known to hold only numbers besides the fields
     req = model.request(x, k, params.eps, params.eps_mode, gamma, beta, params.backend, params.validate_, FIELDS)
     return model, req
 
@@ -108,12 +108,12 @@ def decode_encode(
     body: bytes | bytearray, settings: Settings, resolve: Resolve
 ) -> tuple[EncoderModel, EncodeInput, bool]:
     """The encoder named by `model`, its input as (B,T,C), and whether the caller sent a 2-D (T,C) tensor."""
-    fields, tensors = _split(body, ENCODE_TENSORS)
+    fields, tensors, scan = _split(body, ENCODE_TENSORS)
     params = _validate(EncodeParams, fields, ENCODE_TENSORS)
     model = resolve(params.model, params.version)
     if not isinstance(model, EncoderModel):
         raise InvalidInput(f"{params.model!r} is of kind {model.kind}; /encode takes an encoder model", "model")
-    x = _tensor(tensors["data"], "data", settings, _may_hold_bools(body, tensors))
+    x = _tensor(tensors["data"], "data", settings, _may_hold_bools(scan, tensors))
     mask = None
     if tensors.get("padding_mask") is not None:
         mask = decode_json_tensor(
@@ -123,7 +123,7 @@ def decode_encode(
             max_depth=settings.max_depth,
             boolean=True,
         )
-    check_unique_keys(body)
+    scan.check_unique_keys()
     req = EncodeInput(x, mask, model.limits, params.validate_, FIELDS, one_sequence=True)
     return model, req, x.ndim == 2  # [seq, d_model]: answered without the batch dim
 
@@ -143,9 +143,35 @@ def encode_encode(squeeze: bool, out: EncodeOutput) -> bytes:
     return dumps(doc)
 
 
-def _split(body: bytes | bytearray, tensor_names: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+class _Scan:
+    """What the codec still asks of a body once its tensors are parsed: a fast-path body is scanned then emptied
+    (the route holds it no longer), before the float64 buffers exist."""
+
+    def __init__(self, body: bytes | bytearray) -> None:
+        self.body = body
+        self.bools: bool | None = None
+        self.duplicate: str | None = None
+
+    def release(self) -> None:
+        self.bools = b"true" in self.body or b"false" in self.body
+        self.duplicate = first_duplicate_key(self.body)
+        if isinstance(self.body, bytearray):
+            self.body.clear()
+
+    def has_bools(self) -> bool:
+        return self.bools if self.bools is not None else (b"true" in self.body or b"false" in self.body)
+
+    def check_unique_keys(self) -> None:
+        if self.bools is None:
+            check_unique_keys(self.body)
+        elif self.duplicate is not None:
+            raise duplicate_key(self.duplicate)
+
+
+def _split(body: bytes | bytearray, tensor_names: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any], _Scan]:
     # Tensors straight into NumPy when the fast path is sure of them; orjson (and its messages) otherwise.
-    doc = jsontensors.loads(body, lambda path: len(path) == 1 and path[0] in tensor_names)
+    scan = _Scan(body)
+    doc = jsontensors.loads(body, lambda path: len(path) == 1 and path[0] in tensor_names, scan.release)
     if doc is None:
         doc = loads(body)
     if not isinstance(doc, dict):
@@ -153,12 +179,12 @@ def _split(body: bytes | bytearray, tensor_names: tuple[str, ...]) -> tuple[dict
     tensors = {name: doc.pop(name) for name in tensor_names if name in doc}
     if "data" not in tensors:
         raise InvalidInput("field required: a nested array of numbers", "data")
-    return doc, tensors
+    return doc, tensors, scan
 
 
-def _may_hold_bools(body: bytes | bytearray, tensors: dict[str, Any]) -> bool:
+def _may_hold_bools(scan: _Scan, tensors: dict[str, Any]) -> bool:
     # Arrays the fast path parsed hold numbers only; the body is scanned for true/false only for lists.
-    return any(isinstance(v, list) for v in tensors.values()) and (b"true" in body or b"false" in body)
+    return any(isinstance(v, list) for v in tensors.values()) and scan.has_bools()
 
 
 def _validate(model: type[BaseModel], fields: dict[str, Any], tensor_names: tuple[str, ...]) -> Any:
