@@ -48,14 +48,14 @@ def test_the_commands_overview_answers_without_the_extras(base_venv: Path) -> No
             ["bench", "--quick", "--no-kserve"],
             "normserve bench: needs the test extra (httpx missing): pip install -e '.[test]'",
         ),
-        (["export"], "normserve export: needs the export extra (onnx missing): pip install -e '.[export]'"),
+        (["export"], "normserve export: needs the export extra (torch missing): pip install -e '.[export]'"),
         (
             ["export", "--out-dir", "/nonexistent/models", "--d-model", "16"],
-            "normserve export: needs the export extra (onnx missing): pip install -e '.[export]'",
+            "normserve export: needs the export extra (torch missing): pip install -e '.[export]'",
         ),
         (
             ["export", "layernorm", "--name", "mine", "--checkpoint", "ln.pt"],
-            "normserve export: needs the export extra (onnx missing): pip install -e '.[export]'",
+            "normserve export: needs the export extra (torch missing): pip install -e '.[export]'",
         ),
     ],
     ids=["bench", "bench-quick", "export", "export-with-flags", "export-layernorm"],

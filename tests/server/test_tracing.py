@@ -21,7 +21,7 @@ import tritonclient.http as th
 
 from app.server import tracing
 from app.server.statistics import InferTimer
-from tests.live_server import cli_server, every_worker_ready, server_env
+from tests.live_server import cli_server, server_env, wait_every_worker_ready
 from tests.server.api.grpc.live import GrpcServer, grpc_server
 from tests.server.otlp_receiver import Receiver, Span, otlp_receiver, tracing_env
 
@@ -187,7 +187,7 @@ def test_every_worker_exports_and_flushes_on_shutdown(tmp_path: Path) -> None:
         env = server_env({**tracing_env(rx, OTEL_BSP_SCHEDULE_DELAY="60000"), "NORMSERVE_DRAIN_TIMEOUT_S": "1"})
         command = [sys.executable, "-m", "app.cli.main", "serve", "--workers", "2"]  # this checkout's code
         with cli_server(command, env) as server:
-            every_worker_ready(server.base)
+            wait_every_worker_ready(server.base)
             for _ in range(40):  # a new connection each: the kernel spreads them over both workers
                 assert httpx.post(server.base + "/normalize", json={"data": [[1.0, 2.0]]}).status_code == 200
             assert rx.spans == []

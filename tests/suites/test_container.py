@@ -187,7 +187,7 @@ def stop_when_accepted(box: Container, load: Load) -> tuple[float, subprocess.Po
 
 @pytest.mark.slow
 def test_stop_under_load_answers_every_accepted_request_and_exits_0(image: str) -> None:
-    body, headers = encoder_request(8)
+    body, headers = encoder_request(32)  # long enough at one thread that all 4 are in the server at once
     with container("drain", ONE_THREAD) as box:
         load = Load(box.base, body, headers, clients=4)
         running = threading.Thread(target=asyncio.run, args=(load.run(),))

@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.live_server import server_process
+from tests.live_server import server_process, wait_every_worker_ready
 
 ACCEPTED_S = 0.3  # a binary body of a few MiB is read within this on loopback
 READY_WITHIN_S = 0.1  # spec: readiness answers 503 "at once"
@@ -79,14 +79,6 @@ class Load:
         now = time.monotonic()
         busy = [c for c in self.current.values() if c.done == 0.0]
         return len(busy) == self.clients and all(now - c.sent >= ACCEPTED_S for c in busy)
-
-
-def wait_every_worker_ready(base: str, in_a_row: int = 20, timeout: float = 90) -> None:
-    """With several workers the first 200 may come from one of them only: ask on new connections until in_a_row 200s."""
-    deadline, streak = time.monotonic() + timeout, 0
-    while streak < in_a_row:
-        assert time.monotonic() < deadline, "the workers never all became ready"
-        streak = streak + 1 if httpx.get(base + "/v2/health/ready").status_code == 200 else 0
 
 
 def poll_ready(base: str, polls: list[tuple[float, float, int]], stop: threading.Event) -> None:

@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 
 from benchmarks.servers import HOST, free_port, server_process
 from tests.cli.normserve import NORMSERVE
-from tests.live_server import MODELS, ROOT, cli_server
+from tests.live_server import MODELS, ROOT, cli_server, wait_every_worker_ready
 from tests.repositories import copy_models, learned_layernorm
 
 ONLY_FIRST = "first-only"
@@ -104,6 +104,7 @@ def test_the_grpc_port_is_free_again_once_its_server_has_stopped(tmp_path: Path,
     with cli_server([str(NORMSERVE), "serve", "--workers", workers], _env(grpc_port, MODELS)):
         pass
     with cli_server([str(NORMSERVE), "serve", "--workers", workers], _env(grpc_port, MODELS)) as again:
+        wait_every_worker_ready(again.base)
         client = grpcclient.InferenceServerClient(f"{HOST}:{grpc_port}")
         try:
             assert client.is_server_ready()
