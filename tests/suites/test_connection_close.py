@@ -56,16 +56,23 @@ def answer_and_close(address: tuple[str, int], raw: bytes) -> tuple[int, dict[by
     """Send raw on a new connection; the status, headers, and whether the server then closed the connection."""
     with socket.create_connection(address, timeout=10) as s:
         s.sendall(raw)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += s.recv(1 << 16)
-        s.settimeout(2)
-        try:
-            while chunk := s.recv(1 << 16):
-                data += chunk
-            closed = True
-        except TimeoutError:
-            closed = False
+        return answer_on(s, linger=2)
+
+
+def answer_on(s: socket.socket, linger: float = 10) -> tuple[int, dict[bytes, bytes], bool]:
+    """The answer read from s: its status, headers, and whether the server closed the connection within linger
+    seconds of its head."""
+    data = b""
+    s.settimeout(10)
+    while b"\r\n\r\n" not in data:
+        data += s.recv(1 << 16)
+    s.settimeout(linger)
+    try:
+        while chunk := s.recv(1 << 16):
+            data += chunk
+        closed = True
+    except TimeoutError:
+        closed = False
     head = data.partition(b"\r\n\r\n")[0].split(b"\r\n")
     headers = {k.lower(): v for k, v in (line.split(b": ", 1) for line in head[1:])}
     return int(head[0].split()[1]), headers, closed
@@ -115,7 +122,7 @@ def test_503s_while_draining_say_connection_close_on_kept_alive_connections() ->
         kept[0].sendall(request("GET", b"/v2/health/ready"))
         kept[1].sendall(request("POST", LN.encode(), b"Content-Length: %d\r\n" % len(NORMALIZE), NORMALIZE))
         for s in kept:
-            status, answer_headers, closed = _answer_on(s)
+            status, answer_headers, closed = answer_on(s)
             assert (status, answer_headers.get(b"connection"), answer_headers.get(b"retry-after"), closed) == (
                 503,
                 b"close",
@@ -124,20 +131,6 @@ def test_503s_while_draining_say_connection_close_on_kept_alive_connections() ->
             )
             s.close()
         long.join()
-
-
-def _answer_on(s: socket.socket) -> tuple[int, dict[bytes, bytes], bool]:
-    data = b""
-    s.settimeout(10)
-    try:
-        while chunk := s.recv(1 << 16):
-            data += chunk
-        closed = True
-    except TimeoutError:
-        closed = False
-    head = data.partition(b"\r\n\r\n")[0].split(b"\r\n")
-    headers = {k.lower(): v for k, v in (line.split(b": ", 1) for line in head[1:])}
-    return int(head[0].split()[1]), headers, closed
 
 
 def v2_request(binary_output: bool) -> tuple[bytes, dict[str, str]]:
