@@ -18,7 +18,7 @@
     └── Timeout (TimeoutError)           past request_timeout_s             504
 
 The one table mapping them to HTTP statuses is `status_for` below; app/server/api/errors.py uses it,
-and app/server/api/grpc/calls.py maps those statuses on to gRPC status codes.
+and app/server/api/v2/grpc/calls.py maps those statuses on to gRPC status codes.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class ExtensionNotSupported(NormserveError):
     """A route or RPC of a Triton extension normserve does not implement: the message names the extension.
 
     HTTP answers 400, as Triton answers a request it cannot serve; gRPC has a code of its own for it, UNIMPLEMENTED
-    (app/server/api/grpc/calls.py)."""
+    (app/server/api/v2/grpc/calls.py)."""
 
     def __init__(self, extension: str) -> None:
         super().__init__(

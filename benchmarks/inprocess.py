@@ -23,7 +23,7 @@ from app.core.model import Model
 from app.core.runtime import Runtime
 from app.core.tensors import dumps, encode_json_tensor
 from app.server.api.rest.codec import decode_normalize
-from app.server.api.v2 import codec as v2_codec
+from app.server.api.v2.http import codec as v2_codec
 from app.settings import Settings
 
 TORCH = "torch.nn.functional.layer_norm"

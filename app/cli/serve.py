@@ -112,7 +112,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     os.environ["NORMSERVE_GRPC_PORT"] = str(args.grpc_port)
     import uvicorn
 
-    from app.server import logs, metrics
+    from app.server.telemetry import logs, metrics
 
     with metrics.multiprocess_dir_for(args.workers):  # before the workers start: they read it as they import
         uvicorn.run(

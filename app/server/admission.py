@@ -7,7 +7,7 @@ import threading
 import anyio
 
 from app.errors import NotReady, Overloaded
-from app.server import metrics
+from app.server.telemetry import metrics
 
 
 class Admission:

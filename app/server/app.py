@@ -12,18 +12,19 @@ import anyio.to_thread
 from fastapi import FastAPI
 
 from app import __version__
-from app.server import group, heads, logs, metrics, modelsync, tracing
+from app.server import group, heads, modelsync
 from app.server.api import docs, errors, health, openapi, playground
 from app.server.api import metrics as metrics_api
 from app.server.api.direct import DirectRoute
-from app.server.api.grpc import server as grpc_server
 from app.server.api.rest import routes as rest
-from app.server.api.v2 import control, repository
-from app.server.api.v2 import routes as v2
+from app.server.api.v2.grpc import server as grpc_server
+from app.server.api.v2.http import repository, tracelog
+from app.server.api.v2.http import routes as v2
 from app.server.budget import BudgetMiddleware
 from app.server.connections import CloseUnreadBodies
 from app.server.hotpath import NormserveApp
-from app.server.observability import ObservabilityMiddleware
+from app.server.telemetry import logs, metrics, tracing
+from app.server.telemetry.observability import ObservabilityMiddleware
 from app.server.worker import Worker
 from app.settings import Settings
 
@@ -88,7 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BudgetMiddleware)  # request bodies counted in NORMSERVE_MAX_INFLIGHT_BYTES as they are read
     app.add_middleware(ObservabilityMiddleware)  # pure ASGI: request ids, request metrics, the JSON log line
     app.add_middleware(CloseUnreadBodies)  # an answer sent before its request's body ended closes the connection
-    for router in (rest.router, health.router, v2.router, repository.router, control.router, metrics_api.router):
+    for router in (rest.router, health.router, v2.router, repository.router, tracelog.router, metrics_api.router):
         app.include_router(router)
     app.enable_hot_routes([r for r in (*rest.router.routes, *v2.router.routes) if isinstance(r, DirectRoute)])
     playground.install(app)  # GET / and /static

@@ -11,7 +11,7 @@ than the whole budget is admitted alone, when nothing else is counted.
 `BudgetMiddleware` counts an HTTP body when the route starts reading it (a route that never reads it,
 a 404, holds none of it: uvicorn stops reading at 64 KiB) and gives the bytes back when the answer is
 sent; the gRPC handlers use `Budget.hold` around the call. grpc reads a message whole before any handler
-runs, so there the bound is grpc's: RPCs at once and their message size (app/server/api/grpc/server.py).
+runs, so there the bound is grpc's: RPCs at once and their message size (app/server/api/v2/grpc/server.py).
 """
 
 from __future__ import annotations

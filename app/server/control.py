@@ -18,7 +18,7 @@ from app.core.model import Model, ModelLoadError
 from app.core.repository import LegacyLayout, Policy, PolicyError, Repository
 from app.core.runtime import LOADING, READY, UNAVAILABLE, Runtime, State
 from app.errors import ModelControlDisabled, ModelLoadFailed, ModelNotFound
-from app.server import metrics
+from app.server.telemetry import metrics
 
 log = logging.getLogger("normserve.models")
 # RuntimeError: ModelLoadError, which the runtime raises for anything a version's files break, and a

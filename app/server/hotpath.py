@@ -23,7 +23,7 @@ from app.server.api import errors
 from app.server.api.direct import DirectRoute
 from app.server.budget import BudgetMiddleware
 from app.server.connections import CloseUnreadBodies
-from app.server.observability import ObservabilityMiddleware
+from app.server.telemetry.observability import ObservabilityMiddleware
 
 # What create_app adds (app.user_middleware lists the outermost first): the hot path stands for exactly this.
 MIDDLEWARE = (CloseUnreadBodies, ObservabilityMiddleware, BudgetMiddleware)

@@ -18,13 +18,14 @@ from app.core.model import Model
 from app.core.repository import LegacyLayout
 from app.core.runtime import Runtime
 from app.errors import ModelNotFound, NotReady, Timeout
-from app.server import metrics, observability
 from app.server.admission import Admission
 from app.server.budget import Budget
 from app.server.control import LOAD_ERRORS, ModelControl
 from app.server.drain import Drain
 from app.server.modelsync import ModelSync
-from app.server.statistics import InferTimer, Statistics
+from app.server.telemetry import metrics, observability
+from app.server.telemetry.statistics import Statistics
+from app.server.telemetry.timer import InferTimer
 from app.settings import Settings
 
 log = logging.getLogger("normserve")

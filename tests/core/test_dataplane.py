@@ -11,7 +11,7 @@ import pytest
 from app.core import reference
 from app.core.dataplane import EncodeInput, EncoderLimits, Fields, ModelInfo, NormalizeInput, NormalizeOutput
 from app.errors import InvalidInput
-from app.server.api.v2.codec import FIELDS as V2_FIELDS
+from app.server.api.v2.http.codec import FIELDS as V2_FIELDS
 
 PROTOCOLS = [pytest.param(Fields(), id="rest"), pytest.param(V2_FIELDS, id="v2")]
 LIMITS = EncoderLimits(d_model=4, max_sequence_length=6)

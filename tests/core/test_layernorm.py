@@ -25,7 +25,7 @@ from app.core.layernorm import (
 from app.core.model import Loaded
 from app.core.runtime import Runtime
 from app.errors import InvalidInput
-from app.server.api.v2.codec import FIELDS as V2_FIELDS
+from app.server.api.v2.http.codec import FIELDS as V2_FIELDS
 from app.settings import Settings
 from tests.live_server import MODELS
 from tests.repositories import learned_layernorm

@@ -31,7 +31,7 @@ from app.core.model import (
 )
 from app.core.runtime import Runtime
 from app.errors import InvalidInput
-from app.server.api.v2.codec import FIELDS as V2_FIELDS
+from app.server.api.v2.http.codec import FIELDS as V2_FIELDS
 from app.settings import Settings
 from tests.live_server import MODELS
 from tests.repositories import sha256sum_identity

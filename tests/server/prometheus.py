@@ -7,7 +7,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.server import metrics
+from app.server.telemetry import metrics
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -31,7 +31,7 @@ from app.core.runtime import Runtime
 from app.core.seeds import SEED003
 from app.errors import InvalidInput, ModelNotFound, NormserveError, NotReady, Overloaded, Timeout, status_for
 from app.server.api.rest import codec
-from app.server.statistics import STAGES, InferTimer
+from app.server.telemetry.timer import STAGES, InferTimer
 from app.server.worker import Worker, staged
 from app.settings import Settings
 from tests.live_server import MODELS, live_server

@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from benchmarks.servers import free_port
 from tests.live_server import ROOT, server_env
-from tests.server.api.grpc.live import GrpcServer, grpc_server
+from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
 
 TOKEN = "tok-3f9a"
 CLOSED = "authorization: the admin routes are closed: set NORMSERVE_ADMIN_TOKEN on the server to open them"

@@ -27,7 +27,7 @@ from app.core import reference
 from app.errors import shown
 from tests.live_server import MODELS
 from tests.repositories import copy_models
-from tests.server.api.grpc.live import GrpcServer, grpc_server
+from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
 
 TOKEN = "broken-versions-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -36,7 +36,7 @@ from app.export.exporter import main as export_main
 from app.settings import Settings
 from tests.export.trained import USER_ENCODERS, UserEncoder, layer_norm, save, torch_encode
 from tests.live_server import MODELS, ROOT, live_server
-from tests.server.api.grpc.live import GrpcServer, grpc_server
+from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
 from tests.suites.test_docs_examples import WALKTHROUGH, WALKTHROUGH_SCRIPT, examples_of
 
 ATOL = 1e-4

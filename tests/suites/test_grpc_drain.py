@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from tests.grpc_loadgen import request, stub
-from tests.server.api.grpc.live import GrpcServer, grpc_server
+from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
 
 pytestmark = pytest.mark.slow
 

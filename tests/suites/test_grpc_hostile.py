@@ -19,7 +19,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from app.core import reference
 from app.core.tensors import DATATYPES
-from tests.server.api.grpc.live import GrpcServer, grpc_server
+from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
 
 CASES = 400
 ALLOWED = {

@@ -9,7 +9,7 @@ import pytest
 
 from app.core.runtime import Runtime
 from tests.grpc_loadgen import GrpcTally, mixed_cases, run_load
-from tests.server.api.grpc.live import grpc_server
+from tests.server.api.v2.grpc.live import grpc_server
 
 SECONDS = 30.0
 CONCURRENCY = 16

@@ -95,7 +95,7 @@ def test_module_has_its_mirrored_test_module(path: Path) -> None:
     [
         ("app/main.py", "tests/test_main.py"),
         ("app/cli/main.py", "tests/cli/test_main.py"),
-        ("app/server/metrics.py", "tests/server/test_metrics.py"),
+        ("app/server/telemetry/metrics.py", "tests/server/telemetry/test_metrics.py"),
         ("app/server/api/metrics.py", "tests/server/api/test_metrics.py"),
         ("app/server/api/rest/routes.py", "tests/server/api/rest/test_routes.py"),
     ],

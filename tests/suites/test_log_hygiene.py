@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.server.api.grpc.live import GrpcServer, grpc_server
+from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
 
 # Characters a line splitter, a terminal or a log viewer reads as something else than text.
 HOSTILE = {

@@ -17,7 +17,7 @@ import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
 from app.core import reference
-from tests.server.api.grpc.live import GrpcServer, grpc_server
+from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
 
 MAX_PARAMETERS, MAX_ECHOED = 64, 16  # as docs/api.md states them
 

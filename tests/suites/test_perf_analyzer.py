@@ -25,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from app.core import reference
 from tests.live_server import ROOT
-from tests.server.api.grpc.live import GrpcServer, grpc_server
+from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
 
 DOC = ROOT / "docs/api.md"
 DTYPES = {"FP32": np.float32, "FP64": np.float64, "BOOL": np.bool_}

@@ -11,8 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import RETRY_AFTER_S, NormserveError, status_for
-from app.server import observability
 from app.server.api.responses import json_response
+from app.server.telemetry import observability
 
 log = logging.getLogger("normserve.errors")
 MESSAGE_LIMIT = 1000  # characters of an error message; longer ones (a huge field name echoed) are cut

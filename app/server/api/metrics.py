@@ -6,7 +6,7 @@ import anyio
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from app.server import metrics
+from app.server.telemetry import metrics
 
 router = APIRouter(tags=["operations"])
 

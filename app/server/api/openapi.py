@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from app.core import reference
 from app.core.seeds import SEED000, SEED003, SEED003_LAST_TWO_DIMS
 from app.server.api.rest.codec import TENSOR_DOC, EncodeParams, NormalizeParams
-from app.server.api.v2.codec import HEADER_LENGTH
+from app.server.api.v2.http.codec import HEADER_LENGTH
 from app.server.api.v2.schemas import COMPONENTS, ref
 
 _NESTED = {"type": "array", "items": {}, "description": TENSOR_DOC}

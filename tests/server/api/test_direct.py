@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from app.core import reference
 from app.server.api.direct import DirectRoute
-from app.server.api.v2.routes import STREAM_BYTES
+from app.server.api.v2.http.routes import STREAM_BYTES
 
 
 @pytest.mark.parametrize("rows", [600, 2])

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.server import metrics
+from app.server.telemetry import metrics
 from tests.server.prometheus import delta, scrape, scrape_until_moved
 
 FAMILIES = [

@@ -8,12 +8,12 @@ from starlette.responses import Response
 
 from app.core.dataplane import EncodeInput, NormalizeInput, NormalizeOutput
 from app.core.model import Model
-from app.server import observability
 from app.server.api import openapi
 from app.server.api.body import read_body, require_json
 from app.server.api.direct import DirectRoute
 from app.server.api.rest import codec
-from app.server.statistics import InferTimer
+from app.server.telemetry import observability
+from app.server.telemetry.timer import InferTimer
 from app.server.worker import INLINE_BODY_BYTES, Worker, staged
 
 router = APIRouter(tags=["normalization"], route_class=DirectRoute)  # no per-request dependency solving

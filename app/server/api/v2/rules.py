@@ -1,7 +1,7 @@
 """The Open Inference Protocol's rules for an infer request, once for both of its transports.
 
-The HTTP codec (app/server/api/v2/codec.py) parses JSON and binary sections, the gRPC codec
-(app/server/api/grpc/codec.py) reads protobuf messages; both hand plain values to these
+The HTTP codec (app/server/api/v2/http/codec.py) parses JSON and binary sections, the gRPC codec
+(app/server/api/v2/grpc/codec.py) reads protobuf messages; both hand plain values to these
 functions, which check them and phrase the errors. So a rule (a known input, its datatype, its
 rank and element limits, the byte count of raw data, BOOL bytes, the parameters and numbers sent
 as strings, the requested outputs, a finite result) lives here alone and reads the same whichever

@@ -6,7 +6,7 @@ readiness), and Triton's statistics extension for the stats routes. Objects stay
 protocol leaves them open (no `additionalProperties: false`): what normserve refuses beyond the
 protocol (an unknown field or parameter) is a documented 400 naming it, so the documents say what
 any client of the protocol may send, and fuzzing from them (tests/suites/test_fuzz.py) reaches
-every route. The routes still read raw bodies (app/server/api/v2/codec.py): nothing here parses.
+every route. The routes still read raw bodies (app/server/api/v2/http/codec.py): nothing here parses.
 """
 
 from __future__ import annotations

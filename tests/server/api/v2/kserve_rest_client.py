@@ -1,6 +1,6 @@
 """KServe's InferenceRESTClient (protocol v2) against a server, in a process of its own: one JSON line of results.
 
-Its own process for the reason tests/server/api/grpc/kserve_client.py gives: importing kserve registers
+Its own process for the reason tests/server/api/v2/grpc/kserve_client.py gives: importing kserve registers
 protobuf names that tritonclient, loaded in the pytest process, has registered already.
 Usage: python -m tests.server.api.v2.kserve_rest_client BASE_URL
 """

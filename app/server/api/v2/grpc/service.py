@@ -1,0 +1,200 @@
+"""inference.GRPCInferenceService: thin handlers on the Worker, as the HTTP V2 routes are.
+
+Each RPC is a method of that name taking (request, context, call); app/server/api/v2/grpc/server.py
+registers them from the service's descriptor, wrapped by app/server/api/v2/grpc/calls.py (statuses,
+metrics, the log line); RPCs with no method here answer UNIMPLEMENTED. The codec reads and
+writes the messages, the model's kind turns tensors into the data plane's input and back, and
+Worker.infer runs it with admission, the timeout (or the client's shorter deadline) and statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from tritonclient.grpc import service_pb2 as pb
+
+from app.core.model import Model
+from app.core.repository import check_name
+from app.errors import ExtensionNotSupported, InvalidInput, ModelNotFound, NotReady
+from app.server import budget
+from app.server.api.admin import check_token, grpc_values
+from app.server.api.v2 import rules
+from app.server.api.v2.grpc import calls, codec, messages, wire
+from app.server.api.v2.grpc.calls import Call
+from app.server.api.v2.grpc.tracelog import TraceLogRPCs
+from app.server.api.v2.rules import InferRequest
+from app.server.telemetry.timer import InferTimer
+from app.server.worker import INLINE_BODY_BYTES, Worker, staged
+
+SERVICE = "inference.GRPCInferenceService"
+# Requests of one stream computed at once; the stream's reader waits past it (grpc's flow control pushes back).
+STREAM_WINDOW = 16
+SYSTEM_SHM, CUDA_SHM = rules.SHARED_MEMORY["systemsharedmemory"], rules.SHARED_MEMORY["cudasharedmemory"]
+
+
+def unsupported(extension: str) -> Callable[..., Awaitable[Any]]:
+    """The RPCs of an extension normserve has not: UNIMPLEMENTED, with the message HTTP's routes answer too."""
+
+    async def rpc(self: object, request: Any, context: Any, call: Call) -> Any:
+        raise ExtensionNotSupported(extension)
+
+    return rpc
+
+
+class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.py
+    """The RPCs of one worker; `close()` ends its streams once their answers are sent (shutdown)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self._readers: set[asyncio.Task[None]] = set()
+
+    async def ServerLive(self, request: Any, context: Any, call: Call) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any, call: Call) -> Any:
+        """True when every model is verified and warmed up, and the worker is not draining."""
+        return pb.ServerReadyResponse(ready=self.worker.admission.accepting)
+
+    async def ModelReady(self, request: Any, context: Any, call: Call) -> Any:
+        """As Triton: OK with ready false for a model or version that does not serve (tritonclient's
+        is_model_ready() raises on an error status, and only reads `ready`)."""
+        try:
+            self._model(request.name, request.version, call)
+        except (ModelNotFound, NotReady):
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=self.worker.admission.accepting)
+
+    async def ServerMetadata(self, request: Any, context: Any, call: Call) -> Any:
+        return messages.server_metadata()
+
+    async def ModelMetadata(self, request: Any, context: Any, call: Call) -> Any:
+        model = self._model(request.name, request.version, call)
+        return messages.model_metadata(self.worker.metadata(model.name, request.version or None))
+
+    async def ModelConfig(self, request: Any, context: Any, call: Call) -> Any:
+        return messages.model_config(self._model(request.name, request.version, call))
+
+    async def ModelStatistics(self, request: Any, context: Any, call: Call) -> Any:
+        """Triton statistics, shared with HTTP's /stats: one model, or every model when the name is empty."""
+        if request.name:
+            models = [self._model(request.name, request.version, call)]
+        else:
+            models = list(self.worker.runtime.models)
+        return messages.statistics(self.worker.statistics.report([(m.name, m.version) for m in models]))
+
+    async def RepositoryIndex(self, request: Any, context: Any, call: Call) -> Any:
+        self._admin(context)
+        return messages.repository_index(self.worker.control.index(), request.ready)
+
+    async def RepositoryModelLoad(self, request: Any, context: Any, call: Call) -> Any:
+        """As HTTP's load: explicit mode only; done (or failed, with the reason) when it answers."""
+        self._admin(context)
+        name = self._control(request, "load", call)
+        await asyncio.to_thread(self.worker.load_model, name)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: Any, context: Any, call: Call) -> Any:
+        self._admin(context)
+        name = self._control(request, "unload", call)
+        await asyncio.to_thread(self.worker.unload_model, name)
+        return pb.RepositoryModelUnloadResponse()
+
+    def _admin(self, context: Any) -> None:
+        check_token(grpc_values(context), self.worker.settings)
+
+    def _control(self, request: Any, action: str, call: Call) -> str:
+        name = check_name(request.model_name, "model_name")
+        if request.parameters:
+            unknown = sorted(set(request.parameters) - ({"unload_dependents"} if action == "unload" else set()))
+            if unknown:
+                raise InvalidInput("not supported; the repository folder is what loads", f"parameters.{unknown[0]}")
+        self.worker.control.check_explicit(action, name)
+        call.model = name if name in self.worker.runtime.serving else ""  # bounded: only served names label metrics
+        return name
+
+    async def ModelInfer(self, request: Any, context: Any, call: Call) -> wire.Encoded:
+        return await self._infer(request, context, call, counted=True)  # by calls.gated, until the call ends
+
+    # Triton's shared-memory extensions: the tensors' bytes come in the request, never from a region.
+    SystemSharedMemoryStatus = SystemSharedMemoryRegister = SystemSharedMemoryUnregister = unsupported(SYSTEM_SHM)
+    CudaSharedMemoryStatus = CudaSharedMemoryRegister = CudaSharedMemoryUnregister = unsupported(CUDA_SHM)
+
+    async def ModelStreamInfer(self, requests: Any, context: Any, _call: Call) -> AsyncIterator[Any]:
+        """One answer per request, in the order sent; up to STREAM_WINDOW of them computed at once.
+
+        An error answers its request with `error_message` (and its id), and the stream goes on, as in Triton.
+        """
+        answers: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue()
+        window = asyncio.Semaphore(STREAM_WINDOW)
+        reader = asyncio.ensure_future(self._read(requests, context, answers, window))
+        self._readers.add(reader)
+        try:
+            while (task := await answers.get()) is not None:
+                answer = await task
+                window.release()
+                yield answer
+        finally:
+            reader.cancel()
+            self._readers.discard(reader)
+            while not answers.empty():  # a cancelled stream: its requests not yet answered stop too
+                queued = answers.get_nowait()
+                if queued is not None:
+                    queued.cancel()
+
+    def close(self) -> None:
+        """Stop reading every stream: each still sends the answers of the requests it has, then ends (OK)."""
+        for reader in list(self._readers):
+            reader.cancel()
+
+    async def _read(self, requests: Any, context: Any, answers: asyncio.Queue[Any], window: asyncio.Semaphore) -> None:
+        try:
+            async for request in requests:
+                await window.acquire()
+                answers.put_nowait(asyncio.ensure_future(self._stream_answer(request, context)))
+        except Exception:  # the client went away mid-read: the stream's handler ends with it
+            pass
+        finally:
+            answers.put_nowait(None)
+
+    async def _stream_answer(self, request: Any, context: Any) -> Any:
+        """One message of a stream, logged and counted as its own call; an error becomes its error_message."""
+        call = calls.begin(SERVICE, "ModelStreamInfer", context, request)
+        try:
+            answer = await self._infer(calls.decoded(request), context, call, stream=True)
+        except BaseException as exc:
+            message = call.failed(exc, context)
+            if message is None:
+                raise
+            failed = pb.ModelInferResponse(id=request.id)  # as Triton: the id tells the client which request failed
+            failed.parameters[codec.FINAL_RESPONSE].bool_param = True
+            answer = pb.ModelStreamInferResponse(error_message=message, infer_response=failed)
+        finally:
+            call.finish()
+        call.bytes_out = wire.size(answer)
+        return answer
+
+    def _model(self, name: str, version: str, call: Call) -> Model:
+        model = self.worker.model(name, version or None)  # an empty version is the latest, as in Triton
+        call.model = model.name
+        return model
+
+    async def _infer(
+        self, request: Any, context: Any, call: Call, stream: bool = False, counted: bool = False
+    ) -> wire.Encoded:
+        model = self._model(request.model_name, request.model_version, call)
+        timer = InferTimer()  # the request is in memory: grpc has read and parsed it
+        timer.model = (model.name, model.version)
+        settings = self.worker.settings
+
+        def decode() -> tuple[Model, object, InferRequest]:
+            req = codec.decode(request, model, settings)
+            return model, req.input, req
+
+        job = staged(timer, decode, lambda req, result: codec.encode(model, req, result, final=stream))
+        inline = call.bytes_in <= INLINE_BODY_BYTES and getattr(model, "batcher", None) is None  # no thread hop
+        # A stream's message: grpc has buffered it, counted at once (budget.py) while it is computed.
+        async with self.worker.budget.hold(0 if counted else call.bytes_in):
+            await budget.trim_heap(call.bytes_in)
+            return await self.worker.infer(timer, job, inline=inline, deadline_s=context.time_remaining())

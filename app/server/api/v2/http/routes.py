@@ -1,0 +1,155 @@
+"""The Open Inference Protocol (KServe V2 / Triton HTTP): metadata, readiness, infer and statistics.
+
+Thin routes: app/server/api/v2/http/codec.py reads and writes the wire format, the model's kind turns
+tensors into the data plane's input and back, the Worker runs it. Health routes are in health.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from app import __version__
+from app.core.model import Model
+from app.errors import ExtensionNotSupported
+from app.server.api import openapi
+from app.server.api.body import read_body
+from app.server.api.direct import DirectRoute
+from app.server.api.responses import json_response, readiness
+from app.server.api.v2 import rules
+from app.server.api.v2.http import codec
+from app.server.telemetry.timer import InferTimer
+from app.server.worker import INLINE_BODY_BYTES, Worker, staged
+
+router = APIRouter(tags=["v2"], route_class=DirectRoute)  # no dependency solving
+
+EXTENSIONS = [
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "model_repository",
+    "model_configuration",
+    "trace",
+    "logging",
+]
+STREAM_BYTES = 1 << 20  # answers above this go out in slices of this size
+
+
+@router.get("/v2", **openapi.V2_SERVER)
+@router.get("/v2/", include_in_schema=False)  # as /v2: a redirect's absolute location is wrong behind TLS ingress
+async def server_metadata() -> Response:
+    """Server name, version and the protocol extensions it supports."""
+    return json_response({"name": "normserve", "version": __version__, "extensions": EXTENSIONS})
+
+
+# Declared before /v2/models/{name}, which would otherwise take "stats" for a model name (as in Triton).
+@router.get("/v2/models/stats", **openapi.V2_ALL_STATS)
+async def all_model_stats(worker: Worker) -> Response:
+    """Triton statistics of every model."""
+    models = [(m.name, m.version) for m in worker.runtime.models]
+    return json_response(worker.statistics.report(models))
+
+
+@router.get("/v2/models/{name}", **openapi.V2_METADATA)
+async def model_metadata(name: str, worker: Worker) -> Response:
+    """Inputs, outputs, datatypes and shapes (-1 = any size; layernorm's [-1] input takes any rank >= 1)."""
+    return json_response(worker.metadata(name))
+
+
+@router.get("/v2/models/{name}/versions/{version}", **openapi.V2_METADATA)
+async def model_version_metadata(name: str, version: str, worker: Worker) -> Response:
+    return json_response(worker.metadata(name, version))
+
+
+@router.get("/v2/models/{name}/ready", **openapi.V2_READY)
+async def model_ready(name: str, worker: Worker) -> Response:
+    """200 when the model is known and the server ready (verified, not draining); 503 otherwise."""
+    return readiness(worker.admission, {"name": worker.model(name).name})
+
+
+@router.get("/v2/models/{name}/versions/{version}/ready", **openapi.V2_READY)
+async def model_version_ready(name: str, version: str, worker: Worker) -> Response:
+    return readiness(worker.admission, {"name": worker.model(name, version).name})
+
+
+@router.post("/v2/models/{name}/infer", **openapi.V2_INFER)
+async def infer(name: str, request: Request, worker: Worker) -> Response:
+    """Infer with JSON or binary tensors (Inference-Header-Content-Length), gzip/deflate either way."""
+    return await _infer(request, worker, worker.model(name))
+
+
+@router.post("/v2/models/{name}/versions/{version}/infer", **openapi.V2_INFER)
+async def infer_version(name: str, version: str, request: Request, worker: Worker) -> Response:
+    return await _infer(request, worker, worker.model(name, version))
+
+
+@router.get("/v2/models/{name}/stats", **openapi.V2_STATS)
+async def model_stats(name: str, worker: Worker) -> Response:
+    """Triton statistics of one model: counts and cumulative ns per stage, executions per batch size."""
+    model = worker.model(name)
+    return json_response(worker.statistics.report([(model.name, model.version)]))
+
+
+@router.get("/v2/models/{name}/versions/{version}/stats", **openapi.V2_STATS)
+async def model_version_stats(name: str, version: str, worker: Worker) -> Response:
+    model = worker.model(name, version)
+    return json_response(worker.statistics.report([(model.name, model.version)]))
+
+
+# Triton's shared-memory routes (status, register and unregister, of one region or all): 400 naming the extension.
+@router.api_route("/v2/systemsharedmemory/{path:path}", methods=["GET", "POST"], include_in_schema=False)
+async def system_shared_memory(path: str) -> Response:
+    raise ExtensionNotSupported(rules.SHARED_MEMORY["systemsharedmemory"])
+
+
+@router.api_route("/v2/cudasharedmemory/{path:path}", methods=["GET", "POST"], include_in_schema=False)
+async def cuda_shared_memory(path: str) -> Response:
+    raise ExtensionNotSupported(rules.SHARED_MEMORY["cudasharedmemory"])
+
+
+async def _infer(request: Request, worker: Worker, model: Model) -> Response:
+    timer = InferTimer()
+    timer.model = (model.name, model.version)  # a body that fails to arrive counts as a failure too
+    try:
+        body = await read_body(request, worker.settings)
+    except Exception:
+        worker.statistics.record_failure(model.name, model.version, timer)
+        raise
+    timer = InferTimer()  # the clock starts once the body is in memory, as Triton's does
+    timer.model = (model.name, model.version)
+    header_length = request.headers.get(codec.HEADER_LENGTH)
+    accept = request.headers.get("accept-encoding")
+    inline = len(body) <= INLINE_BODY_BYTES and getattr(model, "batcher", None) is None  # no thread hop
+    held = [body]  # the body goes once decoded, before the data plane and the answer (see rest/routes.py)
+    del body
+
+    def decode() -> tuple[Model, object, codec.InferRequest]:
+        req = codec.decode(held.pop(), header_length, model, worker.settings)
+        return model, req.input, req
+
+    job = staged(timer, decode, lambda req, result: codec.encode(model, req, result, accept))
+    return _response(await worker.infer(timer, job, inline=inline))
+
+
+def _response(out: codec.EncodedResponse) -> Response:
+    """Small answers in one piece; large binary ones part by part, straight from the output arrays.
+
+    Joining a 64 MiB output into one bytes object, which the transport then also buffers, held the
+    body three times at once (peak RSS, docs/benchmarks.md section 5). Each part goes out whole, as
+    a memoryview: uvloop writes what the socket takes and keeps a reference to the rest, no copy, and
+    uvicorn's flow control waits for the drain before the next part. 1 MiB slices, each copied into
+    bytes, cost (8,128,768) 7.1 ms of server CPU a request against 6.75 now (medians of 5 rounds of
+    80, scripts/server_cpu.py --case v2binary).
+    """
+    if out.length <= STREAM_BYTES or len(out.parts) == 1:
+        return Response(out.body, headers=out.headers, media_type=out.media_type)
+
+    async def parts() -> AsyncIterator[memoryview]:
+        for part in out.parts:
+            yield memoryview(part).cast("B")
+
+    headers = {**out.headers, "Content-Length": str(out.length)}  # a length, not chunked: as Triton answers
+    return StreamingResponse(parts(), headers=headers, media_type=out.media_type)
