@@ -1,0 +1,99 @@
+"""Two checkouts of normserve side by side, each server pinned to one core and the load to the other.
+
+The cases are the benchmark's own (benchmarks/serving.py): small /normalize JSON (1,8,64) at concurrency 8
+and V2 binary (8,128,768) at concurrency 1, one uvicorn worker each. Rounds interleave the checkouts, so a
+neighbour's load on this shared machine falls on both alike; the figures are medians over the rounds.
+Server CPU per request is read from /proc/PID/stat (user + system), the cost a user pays per core.
+
+    python scripts/pinned_ab.py before=/path/to/old/checkout after=.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+# Run as a file (python scripts/pinned_ab.py) the repository root is not on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import servers
+from benchmarks.inprocess import sample
+from benchmarks.load import Request, check, load
+from benchmarks.serving import make_request
+
+CASES = {  # name: (protocol, shape, concurrency)
+    "/normalize JSON (1,8,64) c=8": ("/normalize JSON", (1, 8, 64), 8),
+    "V2 binary (8,128,768) c=1": ("V2 binary", (8, 128, 768), 1),
+}
+SERVER_CPU, LOAD_CPU = 0, 1
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (fields 14 and 15 of /proc/PID/stat, after the command's parens)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def measure(checkout: Path, request: Request, concurrency: int, seconds: float) -> tuple[float, float]:
+    """(requests per second, server CPU ms per request) of one pinned server on one case."""
+    env = {**os.environ, "PYTHONPATH": str(checkout), "NORMSERVE_MODEL_DIR": str(checkout / "models")}
+    env |= {"NORMSERVE_LOG_LEVEL": "warning", "NORMSERVE_GRPC_PORT": "0"}  # as the benchmark runs it
+    command = ["taskset", "-c", str(SERVER_CPU), *servers.normserve_command()]
+    log = servers.CACHE / "pinned_ab.log"
+    with servers.server_process(command, cwd=checkout, env=env, output=log) as server:
+        check(server.port, request)
+        load(server.port, request, concurrency, 1.0)  # warm: first answers, caches, allocator
+        before = cpu_seconds(server.pid)
+        result = load(server.port, request, concurrency, seconds)
+        used = cpu_seconds(server.pid) - before
+    if result.errors:
+        raise RuntimeError(f"{checkout}: {result.errors} failed requests")
+    return result.rps, 1000 * used / max(result.requests, 1)
+
+
+def run(checkouts: dict[str, Path], rounds: int, seconds: float) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    os.sched_setaffinity(0, {LOAD_CPU})
+    figures: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for round_ in range(rounds):
+        for case, (protocol, shape, concurrency) in CASES.items():
+            request = make_request(protocol, sample(shape))
+            for name, checkout in checkouts.items():
+                rps, cpu_ms = measure(checkout, request, concurrency, seconds)
+                figures.setdefault((case, name), []).append((rps, cpu_ms))
+                print(f"round {round_ + 1} {case} {name}: {rps:.1f} req/s, {cpu_ms:.3f} ms CPU/request", flush=True)
+    return figures
+
+
+def table(figures: dict[tuple[str, str], list[tuple[float, float]]], names: Sequence[str]) -> str:
+    head = "| case | " + " | ".join(f"{n} req/s | {n} CPU ms/req" for n in names) + " |"
+    lines = [head, "|---" * (1 + 2 * len(names)) + "|"]
+    for case in CASES:
+        cells = []
+        for name in names:
+            runs = figures[case, name]
+            cells += [f"{statistics.median(r for r, _ in runs):.1f}", f"{statistics.median(c for _, c in runs):.3f}"]
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkouts", nargs="+", help="NAME=PATH of a normserve checkout (its app/ and models/)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    checkouts = {n: Path(p).resolve() for n, _, p in (c.partition("=") for c in args.checkouts)}
+    figures = run(checkouts, args.rounds, args.seconds)
+    rounds = f"medians of {args.rounds} interleaved rounds of {args.seconds:g} s"
+    print(f"\n{rounds}, server on CPU {SERVER_CPU}, load on CPU {LOAD_CPU}")
+    print(table(figures, list(checkouts)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
