@@ -23,10 +23,9 @@ import pytest
 
 from app.server import logs
 from tests.live_server import MODELS
-from tests.repositories import sha256sum_identity
+from tests.repositories import broken_copy, not_ready_reason, sha256sum_identity
 from tests.server.log_records import captured
 from tests.server.logged_server import LoggedServer, logged_server
-from tests.server.model_dirs import broken_copy, not_ready_reason
 
 LOGGERS = ("normserve", "uvicorn", "uvicorn.access")
 
