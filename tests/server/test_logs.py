@@ -13,7 +13,6 @@ import logging.config
 import re
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +27,6 @@ from tests.server.log_records import captured
 from tests.server.logged_server import LoggedServer, logged_server
 
 LOGGERS = ("normserve", "uvicorn", "uvicorn.access")
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """configure() and dictConfig change this process's loggers: put them back afterwards."""
-    loggers = [logging.getLogger(name) for name in LOGGERS]
-    saved = [(list(lg.handlers), lg.level, lg.propagate, lg.disabled) for lg in loggers]
-    try:
-        yield
-    finally:
-        for lg, (handlers, level, propagate, disabled) in zip(loggers, saved, strict=True):
-            lg.handlers, lg.propagate, lg.disabled = handlers, propagate, disabled
-            lg.setLevel(level)
 
 
 def record(msg: str = "hello %s", args: tuple[Any, ...] = ("world",), **fields: Any) -> logging.LogRecord:
