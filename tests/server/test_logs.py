@@ -26,8 +26,6 @@ from tests.repositories import broken_copy, not_ready_reason, sha256sum_identity
 from tests.server.log_records import captured
 from tests.server.logged_server import LoggedServer, logged_server
 
-LOGGERS = ("normserve", "uvicorn", "uvicorn.access")
-
 
 def record(msg: str = "hello %s", args: tuple[Any, ...] = ("world",), **fields: Any) -> logging.LogRecord:
     return logging.makeLogRecord(
