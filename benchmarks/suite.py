@@ -87,10 +87,23 @@ def full(out_dir: Path, peers: list[str]) -> Config:
 
 def run(cfg: Config) -> dict[str, Any]:
     """Measure every section of cfg in order and write the report; returns the results."""
+    started = time.time()
+    results = _in_process(cfg)
+    _over_http(cfg, results)
+    if cfg.fidelity and set(cfg.sections) == set(SECTIONS):  # a partial run (--sections) leaves it out
+        fidelity = _fidelity(cfg)
+        if fidelity:
+            results["fidelity"] = fidelity
+    results["meta"] = _meta(cfg, time.time() - started)
+    _write(cfg, results)
+    return results
+
+
+def _in_process(cfg: Config) -> dict[str, Any]:
+    """Sections 1 and 2 and the merged runs of section 4, on the repo's models loaded in this process."""
     from app.core.runtime import Runtime
     from app.settings import Settings
 
-    started = time.time()
     settings = Settings(model_dir=servers.ROOT / "models")
     runtime = Runtime(settings)
     runtime.load()
@@ -112,7 +125,11 @@ def run(cfg: Config) -> dict[str, Any]:
         results["binary_floor"] = floors.binary_floor(cfg.floor_shape, cfg.budget_s)
     if "batching" in cfg.sections:
         results["merged_runs"] = inprocess.merged_runs(runtime, MERGE_SEQS, cfg.budget_s)
-    del runtime  # the servers below are separate processes; free this one's sessions
+    return results  # the runtime goes with this frame: the servers that follow are separate processes
+
+
+def _over_http(cfg: Config, results: dict[str, Any]) -> None:
+    """Sections 3, 4 and 5 into results: servers started and stopped one at a time."""
     if "http" in cfg.sections:
         stderr_log(f"section 3: HTTP, {cfg.http.seconds:g} s per cell, servers {cfg.http.servers}")
         results["http"] = serving.http_section(cfg.http, stderr_log) + _grpc_floor(cfg)
@@ -124,13 +141,6 @@ def run(cfg: Config) -> dict[str, Any]:
     if "memory" in cfg.sections:
         stderr_log("section 5: peak RSS")
         results["memory"] = serving.memory_section(cfg.memory_bytes, stderr_log)
-    if cfg.fidelity and set(cfg.sections) == set(SECTIONS):  # a partial run (--sections) leaves it out
-        fidelity = _fidelity(cfg)
-        if fidelity:
-            results["fidelity"] = fidelity
-    results["meta"] = _meta(cfg, time.time() - started)
-    _write(cfg, results)
-    return results
 
 
 def _grpc_floor(cfg: Config) -> list[dict[str, Any]]:

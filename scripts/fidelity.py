@@ -331,6 +331,26 @@ def write_markdown(
     path: Path,
 ) -> float:
     """Write the measured block of path (between BEGIN and END, keeping the prose around it); the worst ratio."""
+    lines, ratio = _headline(table, shape)
+    lines += ["Mode var, k = 1, no gamma/beta. Max |error| against offset, over magnitudes 1e-30 to 1e10"]
+    lines += ["(where float32 squares cannot overflow, so that cancellation shows alone):", ""]
+    lines += [*axis_table(table, "offset", "offset / std"), "", "And over the offsets of each magnitude:", ""]
+    lines += [*axis_table(table, "magnitude", "magnitude"), "", "normserve on every case of the grid:", ""]
+    lines += _cases_table(table)
+    lines += ["", f"Cost at {timing_shape} (median of {repeats} interleaved runs, ms):", ""]
+    lines += _cost_table(timing)
+    env = environment()
+    lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in env.items() if k != "machine") + "."]
+    lines += [f"Machine: {env['machine']} (shared with other jobs: timings are noisy).", "", END]
+    text = path.read_text() if path.is_file() else ""
+    head, _, rest = text.partition(BEGIN)
+    tail = rest.partition(END)[2] if rest else ""
+    path.write_text(head + "\n".join(lines) + tail if rest else "\n".join(lines) + "\n" + text)
+    return ratio
+
+
+def _headline(table: dict[Any, Any], shape: Sequence[int]) -> tuple[list[str], float]:
+    """The block's first lines: what was measured, normserve's worst case, the others' misses; the worst ratio."""
     err, ratio, where = worst(table, "normserve")
     lines = [BEGIN, "", f"Measured by `python scripts/fidelity.py` on {time.strftime('%Y-%m-%d')}: {shape} float32"]
     lines += [f"per grid point, eps {EPS:g}, {len(OFFSETS)} offsets x {len(MAGNITUDES)} magnitudes.", ""]
@@ -346,33 +366,27 @@ def write_markdown(
     e, r, _ = worst(table, "unrefined")
     lines += [f"- conditioning alone, without refine_rows (its gate: REFINE_TOL = {REFINE_TOL:g}): worst error"]
     lines += [f"  {e:.2g}, error / bound {r:.3f}.", ""]
-    lines += ["Mode var, k = 1, no gamma/beta. Max |error| against offset, over magnitudes 1e-30 to 1e10"]
-    lines += ["(where float32 squares cannot overflow, so that cancellation shows alone):", ""]
-    lines += [*axis_table(table, "offset", "offset / std"), "", "And over the offsets of each magnitude:", ""]
-    lines += [*axis_table(table, "magnitude", "magnitude"), "", "normserve on every case of the grid:", ""]
-    lines += ["| eps_mode | k | gamma, beta | max abs error | error / bound | without refinement |", "|---" * 6 + "|"]
+    return lines, ratio
+
+
+def _cases_table(table: dict[Any, Any]) -> list[str]:
+    lines = ["| eps_mode | k | gamma, beta | max abs error | error / bound | without refinement |", "|---" * 6 + "|"]
     for case in CASES:
         e, r, _ = worst(table, "normserve", case)
         lines.append(
             f"| {case[0]} | {case[1]} | {'yes' if case[2] else 'no'} | {e:.2g} | {r:.3f} | "
             f"{worst(table, 'unrefined', case)[1]:.3f} |"
         )
-    lines += ["", f"Cost at {timing_shape} (median of {repeats} interleaved runs, ms):", ""]
-    lines += [
-        "| onnxruntime, clock | graph on raw rows | conditioned + refined | ratio | all of LayerNormModel.infer |"
-    ]
+    return lines
+
+
+def _cost_table(timing: list[tuple[str, dict[str, float]]]) -> list[str]:
+    lines = ["| onnxruntime, clock | graph on raw rows | conditioned + refined | ratio | all of LayerNormModel.infer |"]
     lines += ["|---|---|---|---|---|"]
     for label, t in timing:
         cost = t["conditioned"] / t["raw"]
         lines += [f"| {label} | {t['raw']:.2f} | {t['conditioned']:.2f} | **{cost:.2f}x** | {t['normalize']:.2f} |"]
-    env = environment()
-    lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in env.items() if k != "machine") + "."]
-    lines += [f"Machine: {env['machine']} (shared with other jobs: timings are noisy).", "", END]
-    text = path.read_text() if path.is_file() else ""
-    head, _, rest = text.partition(BEGIN)
-    tail = rest.partition(END)[2] if rest else ""
-    path.write_text(head + "\n".join(lines) + tail if rest else "\n".join(lines) + "\n" + text)
-    return ratio
+    return lines
 
 
 if __name__ == "__main__":

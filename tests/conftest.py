@@ -1,4 +1,5 @@
-"""Shared fixtures: the repo's exported models, a live server, an in-process runtime, and the serve install."""
+"""Shared fixtures: the repo's exported models, the live servers (HTTP, and HTTP with gRPC), an in-process runtime,
+and the serve install."""
 
 from __future__ import annotations
 
@@ -7,12 +8,16 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 
 from tests.live_server import MODELS, ROOT, live_server
+from tests.server.api.v2.grpc.live import ADMIN_TOKEN, GrpcServer, grpc_server
+
+if TYPE_CHECKING:
+    import tritonclient.grpc as tg
 
 DEFAULT_MODELS = ("encoder", "encoder-preln", "layernorm")
 
@@ -30,6 +35,23 @@ def server() -> Iterator[str]:
 def client(server: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server, timeout=60) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def live_grpc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
+    """A real server with gRPC on, its admin token ADMIN_TOKEN (tests/server/api/grpc/live.py), logs at info."""
+    with grpc_server(tmp_path_factory.mktemp("grpc"), {"NORMSERVE_ADMIN_TOKEN": ADMIN_TOKEN}) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def triton(live_grpc: GrpcServer) -> Iterator[tg.InferenceServerClient]:
+    """tritonclient.grpc on live_grpc (imported here: tests that never ask for it need not load grpc)."""
+    import tritonclient.grpc as tg
+
+    client = tg.InferenceServerClient(live_grpc.address)
+    yield client
+    client.close()
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -20,6 +20,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from app.core import reference
 from app.core.runtime import Runtime
+from tests.loadgen import Tally
 
 Check = Callable[[grpc.StatusCode, str, Any], "str | None"]
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -63,25 +64,9 @@ class GrpcOutcome:
     code: grpc.StatusCode
     problem: str | None
 
-
-@dataclass
-class GrpcTally:
-    outcomes: list[GrpcOutcome] = field(default_factory=list)
-
-    def failures(self, valid: bool = True) -> list[GrpcOutcome]:
-        return [o for o in self.outcomes if o.valid == valid and o.problem is not None]
-
-    def summary(self) -> dict[str, int]:
-        valid = [o for o in self.outcomes if o.valid]
-        return {
-            "sent": len(self.outcomes),
-            "valid": len(valid),
-            "invalid": len(self.outcomes) - len(valid),
-            "failed": sum(o.problem is not None for o in self.outcomes),
-            "internal_or_unknown": sum(
-                o.code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) for o in self.outcomes
-            ),
-        }
+    def counted(self) -> dict[str, bool]:
+        """What the Tally's summary counts of a gRPC answer beyond its case's verdict."""
+        return {"internal_or_unknown": self.code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)}
 
 
 def request(model: str, tensors: list[tuple[str, np.ndarray]], **params: Any) -> Any:
@@ -191,7 +176,7 @@ async def run_load(
     concurrency: int,
     seconds: float,
     max_requests: int,
-    tally: GrpcTally,
+    tally: Tally[GrpcOutcome],
     channels: int = 4,
     retry: bool = False,
 ) -> None:

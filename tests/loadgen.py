@@ -1,4 +1,7 @@
-"""A bounded load generator for the load, drain and failover tests: mixed requests, each checked against app.reference."""
+"""A bounded load generator for the load, drain and failover tests: mixed requests, each checked against app.reference.
+
+The Tally and the failover tests' closing checks serve the gRPC load generator (tests/grpc_loadgen.py) too.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import httpx
 import numpy as np
@@ -40,25 +43,58 @@ class Outcome:
     status: int | None  # None: no HTTP answer (transport error)
     problem: str | None  # a wrong answer, or the transport error
 
+    def counted(self) -> dict[str, bool]:
+        """What the Tally's summary counts of an HTTP answer beyond its case's verdict."""
+        return {
+            "5xx_on_valid": self.valid and self.status is not None and self.status >= 500,
+            "transport_errors": self.status is None,
+        }
+
+
+class Judged(Protocol):
+    """An outcome as the Tally reads it: an HTTP Outcome or a gRPC one."""
+
+    valid: bool
+    sent: float
+    problem: str | None
+
+    def counted(self) -> dict[str, bool]: ...
+
+
+OutcomeT = TypeVar("OutcomeT", bound=Judged)
+
 
 @dataclass
-class Tally:
-    outcomes: list[Outcome] = field(default_factory=list)
+class Tally(Generic[OutcomeT]):
+    outcomes: list[OutcomeT] = field(default_factory=list)
 
-    def failures(self, valid: bool = True) -> list[Outcome]:
+    def failures(self, valid: bool = True) -> list[OutcomeT]:
         """Outcomes of valid (or invalid) requests that were not answered as their case requires."""
         return [o for o in self.outcomes if o.valid == valid and o.problem is not None]
 
     def summary(self) -> dict[str, int]:
         valid = [o for o in self.outcomes if o.valid]
-        return {
+        counts = {
             "sent": len(self.outcomes),
             "valid": len(valid),
             "invalid": len(self.outcomes) - len(valid),
             "failed": sum(o.problem is not None for o in self.outcomes),
-            "5xx_on_valid": sum(o.status is not None and o.status >= 500 for o in valid),
-            "transport_errors": sum(o.status is None for o in self.outcomes),
         }
+        for outcome in self.outcomes:
+            for name, hit in outcome.counted().items():
+                counts[name] = counts.get(name, 0) + hit
+        return counts
+
+
+def assert_survived(tally: Tally[Any], killed_at: float, title: str, note: str = "") -> None:
+    """The closing checks of a failover test: every answer as its case requires, and load on both sides of the kill
+    (the summary printed first, titled, with the test's own note)."""
+    after = [o for o in tally.outcomes if o.sent > killed_at]
+    summary = tally.summary()
+    print(f"\n{title}: {summary}, sent after the kill {len(after)}{note}")
+    assert tally.failures(valid=True) == [], tally.failures(valid=True)[:5]
+    assert tally.failures(valid=False) == [], tally.failures(valid=False)[:5]
+    assert summary["valid"] > 100 and len(after) > 50, summary
 
 
 def _close(got: Any, want: np.ndarray, atol: float) -> str | None:
@@ -216,7 +252,7 @@ async def send(client: httpx.AsyncClient, case: Case) -> Outcome:
 
 
 async def run_load(
-    base: str, cases: list[Case], concurrency: int, seconds: float, max_requests: int, tally: Tally
+    base: str, cases: list[Case], concurrency: int, seconds: float, max_requests: int, tally: Tally[Outcome]
 ) -> None:
     """`concurrency` clients round-robin over cases until `seconds` pass or `max_requests` are sent."""
     deadline = time.monotonic() + seconds

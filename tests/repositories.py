@@ -1,4 +1,5 @@
-"""Model repositories for tests: copies of the repo's models/, new versions, and learned LayerNorms made by hand.
+"""Model repositories for tests: copies of the repo's models/ (whole, or with one thing broken), new versions, and
+learned LayerNorms made by hand.
 
 A learned LayerNorm is the default layernorm graph plus weights.npz (gamma, beta) and a config with
 normalized_shape and eps, exactly what `normserve export layernorm` writes, but made without torch so
@@ -7,6 +8,7 @@ that server tests need no export extra.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import shutil
@@ -18,6 +20,8 @@ import numpy as np
 from app.core.model import sha256_of
 from tests.live_server import MODELS
 
+BROKEN = ["tampered", "missing", "no-manifest"]  # the breakages of broken_copy
+
 
 def copy_models(target: Path, names: tuple[str, ...] = ("layernorm", "encoder", "encoder-preln")) -> Path:
     """The repo's default models (version 1 each) copied into target."""
@@ -25,6 +29,34 @@ def copy_models(target: Path, names: tuple[str, ...] = ("layernorm", "encoder", 
     for name in names:
         shutil.copytree(MODELS / name, target / name)
     return target
+
+
+def broken_copy(tmp_path: Path, how: str) -> Path:
+    """models/ copied under tmp_path, then: a byte appended to layernorm's model.onnx, encoder's deleted, or
+    layernorm's manifest deleted."""
+    target = copy_models(tmp_path / "models")
+    if how == "tampered":
+        with (target / "layernorm/1/model.onnx").open("ab") as f:
+            f.write(b"\0")
+    elif how == "missing":
+        (target / "encoder/1/model.onnx").unlink()
+    elif how == "no-manifest":
+        (target / "layernorm/1/manifest.json").unlink()
+    else:
+        raise ValueError(f"unknown breakage {how!r}")
+    return target
+
+
+def not_ready_reason(models: Path, how: str) -> str:
+    """The whole reason of a worker whose start found the copy broken as `how` says: paths repository-relative."""
+    if how == "tampered":
+        path = models / "layernorm/1/model.onnx"
+        actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        expected = json.loads((MODELS / "layernorm/1/manifest.json").read_text())["files"]["model.onnx"]
+        return f"model check failed: layernorm/1/model.onnx: sha256 {actual} does not match the manifest's {expected}"
+    if how == "missing":
+        return "model check failed: encoder/1/model.onnx: model file missing"
+    return "model check failed: layernorm/1/manifest.json: manifest missing"
 
 
 def add_version(root: Path, name: str, version: int, source: int = 1) -> Path:

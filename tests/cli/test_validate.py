@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -99,7 +98,7 @@ def test_validate_url_with_a_path_that_is_not_normserve_is_one_line_error(server
 
 def test_validate_in_process_fails_with_exit_1_when_weights_do_not_match_the_graph(tmp_path: Path) -> None:
     models = tmp_path / "models"
-    shutil.copytree(MODELS, models)
+    copy_models(models)
     manifest = json.loads((models / "encoder/1/manifest.json").read_text())
     path = models / "encoder/1/weights.npz"
     with np.load(path) as npz:
@@ -164,7 +163,7 @@ def test_in_process_plan_of_a_directory_without_models_is_refused_before_any_ste
 
 
 def test_in_process_load_step_reports_a_tampered_file_as_a_validate_error(tmp_path: Path) -> None:
-    models = Path(shutil.copytree(MODELS, tmp_path / "models"))
+    models = copy_models(tmp_path / "models")
     path = _tamper(models)
     expected = json.loads((models / "layernorm/1/manifest.json").read_text())["files"]["model.onnx"]
     (_, load), _ = in_process_plan(models)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,13 @@ from app.errors import InvalidInput, ModelNotFound
 from app.settings import Settings
 from tests.conftest import DEFAULT_MODELS
 from tests.live_server import MODELS
-from tests.repositories import sha256sum_identity
+from tests.repositories import add_version, copy_models, sha256sum_identity
 
 
 @pytest.fixture
 def models(tmp_path: Path) -> Path:
     """A copy of the repo's models/ to break or to add versions to."""
-    return Path(shutil.copytree(MODELS, tmp_path / "models"))
+    return copy_models(tmp_path / "models")
 
 
 def _manifest(models: Path, name: str, version: int = 1) -> dict[str, Any]:
@@ -34,10 +33,6 @@ def _manifest(models: Path, name: str, version: int = 1) -> dict[str, Any]:
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _copy_version(models: Path, name: str, version: int) -> None:
-    shutil.copytree(models / name / "1", models / name / str(version))
 
 
 def test_kinds_name_each_class_by_its_kind() -> None:
@@ -113,7 +108,7 @@ def test_a_manifest_of_another_format_is_refused(models: Path) -> None:
 
 
 def test_without_a_version_the_highest_serving_one_answers(models: Path) -> None:
-    _copy_version(models, "layernorm", 3)
+    add_version(models, "layernorm", 3)
     runtime = Runtime(Settings(model_dir=models))
     one, three = runtime.build("layernorm", 1), runtime.build("layernorm", 3)
     runtime.publish(one)

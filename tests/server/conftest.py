@@ -1,11 +1,14 @@
-"""Fixtures of the server tests: a logged server shared by the log and middleware tests, and signal hygiene."""
+"""Fixtures of the server tests: a logged server shared by the log and middleware tests, uvicorn's Server with its
+signal handlers, and the hygiene of this process's signal handlers and loggers."""
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections.abc import Iterator
 
 import pytest
+import uvicorn
 
 from app.server.drain import DRAIN_SIGNALS
 from tests.server.logged_server import LoggedServer, logged_server
@@ -27,3 +30,27 @@ def signal_handlers() -> Iterator[None]:
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+@pytest.fixture
+def uvicorn_server(signal_handlers: None) -> Iterator[uvicorn.Server]:
+    """uvicorn's Server, its handle_exit installed for SIGTERM and SIGINT as uvicorn's capture_signals does (before
+    the lifespan starts)."""
+    server = uvicorn.Server(uvicorn.Config("app.main:app"))
+    for sig in DRAIN_SIGNALS:
+        signal.signal(sig, server.handle_exit)
+    yield server
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """The lifespan, configure() and dictConfig change this process's normserve and uvicorn loggers: put them back
+    afterwards."""
+    loggers = [logging.getLogger(name) for name in ("normserve", "uvicorn", "uvicorn.access")]
+    saved = [(list(lg.handlers), lg.level, lg.propagate, lg.disabled) for lg in loggers]
+    try:
+        yield
+    finally:
+        for lg, (handlers, level, propagate, disabled) in zip(loggers, saved, strict=True):
+            lg.handlers, lg.propagate, lg.disabled = handlers, propagate, disabled
+            lg.setLevel(level)

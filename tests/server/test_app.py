@@ -9,10 +9,9 @@ uvicorn's own handle_exit is installed first, as uvicorn installs it before the 
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -79,28 +78,6 @@ async def ready_answer(c: httpx.AsyncClient, settled: str) -> httpx.Response:
         assert time.monotonic() < deadline, r.text
         await asyncio.sleep(0.01)
     return r
-
-
-@pytest.fixture
-def server_handlers(signal_handlers: None) -> Iterator[uvicorn.Server]:
-    """uvicorn's handle_exit installed for SIGTERM and SIGINT, as uvicorn does before the lifespan starts."""
-    server = uvicorn.Server(uvicorn.Config("app.main:app"))
-    for sig in DRAIN_SIGNALS:
-        signal.signal(sig, server.handle_exit)
-    yield server
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """The lifespan configures the normserve and uvicorn loggers of this process: put them back afterwards."""
-    loggers = [logging.getLogger(name) for name in ("normserve", "uvicorn", "uvicorn.access")]
-    saved = [(list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
-    try:
-        yield
-    finally:
-        for lg, (handlers, level, propagate) in zip(loggers, saved, strict=True):
-            lg.handlers, lg.propagate = handlers, propagate
-            lg.setLevel(level)
 
 
 # ---- create_app --------------------------------------------------------------------------------------------
@@ -175,7 +152,7 @@ def test_an_unknown_path_matches_no_route() -> None:
 
 @pytest.mark.usefixtures("restore_logging")
 def test_the_lifespan_starts_the_worker_until_ready_and_drains_it_on_shutdown(
-    server_handlers: uvicorn.Server,
+    uvicorn_server: uvicorn.Server,
 ) -> None:
     app = create_app(Settings(model_dir=MODELS, grpc_port=0))  # gRPC off: no port of its own in these tests
     worker: Worker = app.state.worker
@@ -194,7 +171,7 @@ def test_the_lifespan_starts_the_worker_until_ready_and_drains_it_on_shutdown(
     assert answer.status_code == 200
     np.testing.assert_allclose(answer.json()["output"], SEED003.output, atol=1e-4)
     assert worker.admission.ready and worker.admission.draining  # shut down: refusing new work
-    assert all(signal.getsignal(sig) == server_handlers.handle_exit for sig in DRAIN_SIGNALS)
+    assert all(signal.getsignal(sig) == uvicorn_server.handle_exit for sig in DRAIN_SIGNALS)
 
 
 def unusable_repository(tmp_path: Path, how: str) -> tuple[Path, str]:

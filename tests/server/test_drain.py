@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -54,27 +54,18 @@ def busy(in_flight: int = 1) -> Admission:
     return admission
 
 
-@pytest.fixture
-def server(signal_handlers: None) -> Iterator[uvicorn.Server]:
-    """uvicorn's Server, its handle_exit installed for SIGTERM and SIGINT as uvicorn's capture_signals does."""
-    server = uvicorn.Server(uvicorn.Config("app.main:app"))
-    for sig in DRAIN_SIGNALS:
-        signal.signal(sig, server.handle_exit)
-    yield server
-
-
-def test_install_wraps_the_servers_handlers_and_uninstall_puts_them_back(server: uvicorn.Server) -> None:
+def test_install_wraps_the_servers_handlers_and_uninstall_puts_them_back(uvicorn_server: uvicorn.Server) -> None:
     drain = Drain(busy(0), 5.0)
 
     async def scenario() -> None:
         assert drain.install() is True
         for sig in DRAIN_SIGNALS:
             handler = signal.getsignal(sig)
-            assert handler != server.handle_exit and getattr(handler, "__self__", None) is drain
+            assert handler != uvicorn_server.handle_exit and getattr(handler, "__self__", None) is drain
         drain.uninstall()
 
     run(scenario())
-    assert all(signal.getsignal(sig) == server.handle_exit for sig in DRAIN_SIGNALS)
+    assert all(signal.getsignal(sig) == uvicorn_server.handle_exit for sig in DRAIN_SIGNALS)
 
 
 @pytest.mark.parametrize(
@@ -94,17 +85,17 @@ def test_install_without_a_server_handler_wraps_nothing(signal_handlers: None, h
     assert all(signal.getsignal(sig) == handler for sig in DRAIN_SIGNALS)
 
 
-def test_install_off_the_main_thread_wraps_nothing(server: uvicorn.Server) -> None:
+def test_install_off_the_main_thread_wraps_nothing(uvicorn_server: uvicorn.Server) -> None:
     drain = Drain(busy(0), 5.0)
     installed: list[bool] = []
     thread = threading.Thread(target=lambda: installed.append(drain.install()))
     thread.start()
     thread.join()
     assert installed == [False]
-    assert all(signal.getsignal(sig) == server.handle_exit for sig in DRAIN_SIGNALS)
+    assert all(signal.getsignal(sig) == uvicorn_server.handle_exit for sig in DRAIN_SIGNALS)
 
 
-def test_uninstall_leaves_a_handler_installed_after_the_drain_alone(server: uvicorn.Server) -> None:
+def test_uninstall_leaves_a_handler_installed_after_the_drain_alone(uvicorn_server: uvicorn.Server) -> None:
     drain = Drain(busy(0), 5.0)
 
     async def scenario() -> None:
@@ -114,11 +105,13 @@ def test_uninstall_leaves_a_handler_installed_after_the_drain_alone(server: uvic
 
     run(scenario())
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
-    assert signal.getsignal(signal.SIGINT) == server.handle_exit
+    assert signal.getsignal(signal.SIGINT) == uvicorn_server.handle_exit
 
 
 @SIGNALS
-def test_the_first_signal_drains_and_calls_the_servers_handler_once_idle(server: uvicorn.Server, sig: int) -> None:
+def test_the_first_signal_drains_and_calls_the_servers_handler_once_idle(
+    uvicorn_server: uvicorn.Server, sig: int
+) -> None:
     admission = busy(1)
     drain = Drain(admission, 5.0)
     assert REGISTRY.get_sample_value("normserve_ready") == 1
@@ -128,23 +121,23 @@ def test_the_first_signal_drains_and_calls_the_servers_handler_once_idle(server:
         os.kill(os.getpid(), sig)
         await asyncio.sleep(0.2)
         # Draining: not ready and refusing new work at once, while the server itself keeps running.
-        assert admission.draining and not admission.accepting and not server.should_exit
+        assert admission.draining and not admission.accepting and not uvicorn_server.should_exit
         assert REGISTRY.get_sample_value("normserve_ready") == 0  # published on the loop, after the handler
         with pytest.raises(NotReady) as e:
             admission.enter()
         assert e.value.message == "server is shutting down; retry on another replica"
         idle_at = time.monotonic()
         admission.leave()  # the last request in flight ends
-        await until(lambda: server.should_exit)
+        await until(lambda: uvicorn_server.should_exit)
         drain.uninstall()
         return time.monotonic() - idle_at
 
     assert run(scenario()) < 1.0  # handed on once idle, not at the drain timeout
-    assert drain.signalled_at is not None and server.force_exit is False
+    assert drain.signalled_at is not None and uvicorn_server.force_exit is False
 
 
 def test_a_drain_past_its_timeout_abandons_the_waiting_requests_then_calls_the_servers_handler(
-    server: uvicorn.Server,
+    uvicorn_server: uvicorn.Server,
 ) -> None:
     admission = busy(1)  # never leaves
     drain = Drain(admission, 0.3)
@@ -160,7 +153,7 @@ def test_a_drain_past_its_timeout_abandons_the_waiting_requests_then_calls_the_s
         assert drain.install()
         t0 = time.monotonic()
         os.kill(os.getpid(), signal.SIGTERM)
-        await until(lambda: server.should_exit)
+        await until(lambda: uvicorn_server.should_exit)
         elapsed = time.monotonic() - t0
         await asyncio.wait_for(request, 1.0)
         drain.uninstall()
@@ -168,7 +161,7 @@ def test_a_drain_past_its_timeout_abandons_the_waiting_requests_then_calls_the_s
 
     elapsed, abandoned = run(scenario())
     assert 0.3 <= elapsed < 2.0 and abandoned
-    assert server.config.timeout_graceful_shutdown == 0.5  # the least it leaves uvicorn's own shutdown
+    assert uvicorn_server.config.timeout_graceful_shutdown == 0.5  # the least it leaves uvicorn's own shutdown
 
 
 @pytest.mark.parametrize(
@@ -177,9 +170,9 @@ def test_a_drain_past_its_timeout_abandons_the_waiting_requests_then_calls_the_s
     ids=["unbounded", "longer", "shorter"],
 )
 def test_the_servers_shutdown_wait_is_bounded_by_what_is_left_of_the_drain_timeout(
-    server: uvicorn.Server, configured: float | None, low: float, high: float
+    uvicorn_server: uvicorn.Server, configured: float | None, low: float, high: float
 ) -> None:
-    server.config.timeout_graceful_shutdown = configured
+    uvicorn_server.config.timeout_graceful_shutdown = configured
     admission = busy(1)
     drain = Drain(admission, 5.0)
 
@@ -188,11 +181,11 @@ def test_the_servers_shutdown_wait_is_bounded_by_what_is_left_of_the_drain_timeo
         os.kill(os.getpid(), signal.SIGTERM)
         await asyncio.sleep(0.05)
         admission.leave()
-        await until(lambda: server.should_exit)
+        await until(lambda: uvicorn_server.should_exit)
         drain.uninstall()
 
     run(scenario())
-    bound = server.config.timeout_graceful_shutdown
+    bound = uvicorn_server.config.timeout_graceful_shutdown
     assert bound is not None and low <= bound <= high
 
 

@@ -35,8 +35,8 @@ from app.server.telemetry.timer import STAGES, InferTimer
 from app.server.worker import Worker, staged
 from app.settings import Settings
 from tests.live_server import MODELS, live_server
+from tests.repositories import BROKEN, broken_copy, copy_models, not_ready_reason
 from tests.server.log_records import captured
-from tests.server.model_dirs import BROKEN, broken_copy, not_ready_reason
 
 MODEL_NAMES = ["encoder", "encoder-preln", "layernorm"]
 WAIT_S = 10.0  # the longest a blocked job or a wait here lasts, so that a failing test never hangs
@@ -146,7 +146,7 @@ def test_start_with_a_broken_model_dir_leaves_the_worker_live_but_not_ready_with
 
 def test_start_with_weights_that_fail_the_parity_warm_up_is_not_ready(tmp_path: Path) -> None:
     models = tmp_path / "models"
-    shutil.copytree(MODELS, models)
+    copy_models(models)
     folder = models / "encoder/1"
     manifest = json.loads((folder / "manifest.json").read_text())
     with np.load(folder / "weights.npz") as npz:

@@ -26,7 +26,7 @@ from fastapi import FastAPI
 from app.core.reference import layer_norm
 from benchmarks.servers import server_process as command_process
 from benchmarks.servers import uvicorn_command
-from tests.live_server import live_server, server_env, server_process
+from tests.live_server import server_env, server_process
 from tests.suites.test_drain import ONE_THREAD, encoder_request
 from tests.suites.test_http_abuse import request
 
@@ -168,11 +168,11 @@ DECOMPRESS: dict[str | None, Callable[[bytes], bytes]] = {
     ids=["binary-gzip", "binary-deflate", "binary-httpx-default", "json-gzip", "json-deflate", "json-identity"],
 )
 def test_binary_answers_go_out_uncompressed_and_json_follows_accept_encoding(
-    encoding_server: str, binary_output: bool, accept: str, encoding: str | None
+    server: str, binary_output: bool, accept: str, encoding: str | None
 ) -> None:
     body, headers = v2_request(binary_output)
     with (
-        httpx.Client(base_url=encoding_server, timeout=30, headers={"Accept-Encoding": accept}) as client,
+        httpx.Client(base_url=server, timeout=30, headers={"Accept-Encoding": accept}) as client,
         client.stream("POST", LN, content=body, headers=headers) as r,
     ):
         raw = b"".join(r.iter_raw())
@@ -181,9 +181,3 @@ def test_binary_answers_go_out_uncompressed_and_json_follows_accept_encoding(
         200, headers={k: v for k, v in r.headers.items() if k != "content-encoding"}, content=DECOMPRESS[encoding](raw)
     )
     np.testing.assert_allclose(output_of(plain), layer_norm(X.astype(np.float64)).output, atol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def encoding_server() -> Any:
-    with live_server() as base:
-        yield base

@@ -7,7 +7,6 @@ checkpoints (tests/export/trained.py) and no hand-made manifest in between.
 from __future__ import annotations
 
 import shlex
-import shutil
 import subprocess
 import sys
 import warnings
@@ -35,7 +34,8 @@ from app.export.exporter import export_defaults, export_encoder, export_layernor
 from app.export.exporter import main as export_main
 from app.settings import Settings
 from tests.export.trained import USER_ENCODERS, UserEncoder, layer_norm, save, torch_encode
-from tests.live_server import MODELS, ROOT, live_server
+from tests.live_server import ROOT, live_server
+from tests.repositories import copy_models
 from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
 from tests.suites.test_docs_examples import WALKTHROUGH, WALKTHROUGH_SCRIPT, examples_of
 
@@ -334,7 +334,7 @@ def test_the_readme_walkthrough_serves_what_the_module_computes(tmp_path: Path) 
     """The README's steps as written: export the module (--module) into a copy of the models, serve it, and run
     the README's script that asks the server and the module the same question."""
     repo = tmp_path / "my-models"
-    shutil.copytree(MODELS, repo)
+    copy_models(repo)
     argv = shlex.split(WALKTHROUGH[1])
     assert argv[:3] == ["normserve", "export", "encoder"]
     assert export_main([a if a != "my-models" else str(repo) for a in argv[2:]], progress=lambda _m: None) == 0

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from app.core.runtime import Runtime
-from tests.grpc_loadgen import GrpcTally, mixed_cases, run_load
+from tests.grpc_loadgen import GrpcOutcome, mixed_cases, run_load
+from tests.loadgen import Tally
 from tests.server.api.v2.grpc.live import grpc_server
 
 SECONDS = 30.0
@@ -19,7 +20,7 @@ MAX_REQUESTS = 1_000_000  # a bound in count as well as in time
 @pytest.mark.slow
 def test_thirty_seconds_of_mixed_grpc_load_answers_every_call_right(tmp_path: Path, runtime: Runtime) -> None:
     with grpc_server(tmp_path, {"NORMSERVE_LOG_LEVEL": "warning"}) as server:
-        tally = GrpcTally()
+        tally: Tally[GrpcOutcome] = Tally()
         asyncio.run(run_load(server.address, mixed_cases(runtime), CONCURRENCY, SECONDS, MAX_REQUESTS, tally))
         assert server.proc.poll() is None, "the server died under load"
     summary = tally.summary()

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,25 +16,13 @@ import tritonclient.grpc as tg
 from tritonclient.utils import InferenceServerException
 
 from app.core import reference
-from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
+from tests.server.api.v2.grpc.live import GrpcServer
 
 MAX_PARAMETERS, MAX_ECHOED = 64, 16  # as docs/api.md states them
 
 X = [[0.5, -1.0, 2.0], [3.0, 0.25, -0.5]]
 LONG = "epsilon" * 30  # 210 characters, starting like a misspelt `eps`: never spell-checked
 CUT = LONG[:63] + "…"
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
-    with grpc_server(tmp_path_factory.mktemp("params"), {"NORMSERVE_LOG_LEVEL": "warning"}) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def triton(live: GrpcServer) -> Iterator[tg.InferenceServerClient]:
-    with tg.InferenceServerClient(live.address) as client:
-        yield client
 
 
 def _http(live: GrpcServer, params: dict[str, Any]) -> httpx.Response:
@@ -66,9 +53,9 @@ ECHO = ",".join([*sorted(_names(MAX_PARAMETERS))[:MAX_ECHOED], f"+{MAX_PARAMETER
     ids=["64-names-echo-16", "long-name-not-spell-checked", "100k-char-name"],
 )
 def test_accepted_parameters_are_echoed_bounded_on_both_transports(
-    live: GrpcServer, triton: tg.InferenceServerClient, params: dict[str, Any], echo: str
+    live_grpc: GrpcServer, triton: tg.InferenceServerClient, params: dict[str, Any], echo: str
 ) -> None:
-    r = _http(live, params)
+    r = _http(live_grpc, params)
     assert r.status_code == 200, r.text
     assert r.json()["parameters"] == {"ignored_parameters": echo}
     got = _grpc(triton, params)
@@ -79,12 +66,12 @@ def test_accepted_parameters_are_echoed_bounded_on_both_transports(
 
 @pytest.mark.parametrize("count", [MAX_PARAMETERS + 1, 100_000], ids=["65", "100k"])
 def test_too_many_parameters_is_a_fast_small_400_naming_parameters(
-    live: GrpcServer, triton: tg.InferenceServerClient, count: int
+    live_grpc: GrpcServer, triton: tg.InferenceServerClient, count: int
 ) -> None:
     message = f"parameters: {count} parameters; at most {MAX_PARAMETERS} are accepted"
     params = _names(count, "epsilon")  # every one close to `eps`: the old spelling check ran on each
     start = time.perf_counter()
-    r = _http(live, params)
+    r = _http(live_grpc, params)
     seconds = time.perf_counter() - start
     assert (r.status_code, r.json()) == (400, {"error": message})
     # 25 ms of server CPU in process (docs/reliability.md); the bound leaves room for a loaded 2-core machine

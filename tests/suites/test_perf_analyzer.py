@@ -13,7 +13,6 @@ import argparse
 import json
 import re
 import shlex
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from app.core import reference
 from tests.live_server import ROOT
-from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
+from tests.server.api.v2.grpc.live import GrpcServer
 
 DOC = ROOT / "docs/api.md"
 DTYPES = {"FP32": np.float32, "FP64": np.float64, "BOOL": np.bool_}
@@ -40,12 +39,6 @@ def options(command: str) -> argparse.Namespace:
     parser.add_argument("--shape", action="append", default=[])
     parser.add_argument("--input-data", dest="data", default="random")
     return parser.parse_args(shlex.split(command)[1:])
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
-    with grpc_server(tmp_path_factory.mktemp("perf")) as server:
-        yield server
 
 
 def client(live: GrpcServer, protocol: str) -> Any:
@@ -81,17 +74,17 @@ def requests(opts: argparse.Namespace, datatypes: dict[str, str]) -> list[dict[s
 @pytest.mark.parametrize(
     "command", COMMANDS, ids=[f"docs/api.md:{c.split(' -u')[0]}-{i}" for i, c in enumerate(COMMANDS)]
 )
-def test_each_documented_command_sends_data_the_server_answers(live: GrpcServer, command: str) -> None:
+def test_each_documented_command_sends_data_the_server_answers(live_grpc: GrpcServer, command: str) -> None:
     opts = options(command)
     assert re.fullmatch(r"127\.0\.0\.1:800[01]", opts.url) and opts.url.endswith(
         "1" if opts.protocol == "grpc" else "0"
     )
-    meta = client(live, "http").get_model_metadata(opts.model)
+    meta = client(live_grpc, "http").get_model_metadata(opts.model)
     datatypes = {t["name"]: t["datatype"] for t in meta["inputs"]}
     sent = requests(opts, datatypes)
     assert sent
     for tensors in sent:
-        result = infer(live, opts.protocol, opts.model, tensors, datatypes)
+        result = infer(live_grpc, opts.protocol, opts.model, tensors, datatypes)
         output = result.as_numpy("output")
         assert output.shape == tensors["input"].shape and np.isfinite(output).all()
         if opts.model == "layernorm":
@@ -105,7 +98,7 @@ def test_the_documented_commands_are_found() -> None:
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_random_bool_bytes_are_true_when_nonzero(live: GrpcServer, protocol: str) -> None:
+def test_random_bool_bytes_are_true_when_nonzero(live_grpc: GrpcServer, protocol: str) -> None:
     """perf_analyzer's random BOOL data is random bytes: any nonzero byte is a padding position."""
     x = np.random.default_rng(1).standard_normal((2, 5, 128)).astype(np.float32)
     raw = np.random.default_rng(2).integers(0, 256, (2, 5), np.uint8)
@@ -118,18 +111,22 @@ def test_random_bool_bytes_are_true_when_nonzero(live: GrpcServer, protocol: str
         mask._raw_data = raw.tobytes()
     inp = module.InferInput("input", [2, 5, 128], "FP32")
     inp.set_data_from_numpy(x)
-    got = client(live, protocol).infer("encoder", [inp, mask]).as_numpy("output")
+    got = client(live_grpc, protocol).infer("encoder", [inp, mask]).as_numpy("output")
     want = infer(
-        live, protocol, "encoder", {"input": x, "padding_mask": raw != 0}, {"input": "FP32", "padding_mask": "BOOL"}
+        live_grpc,
+        protocol,
+        "encoder",
+        {"input": x, "padding_mask": raw != 0},
+        {"input": "FP32", "padding_mask": "BOOL"},
     )
     np.testing.assert_allclose(got, want.as_numpy("output"), atol=1e-6)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_random_fp32_bytes_that_are_nan_are_refused_naming_the_element(live: GrpcServer, protocol: str) -> None:
+def test_random_fp32_bytes_that_are_nan_are_refused_naming_the_element(live_grpc: GrpcServer, protocol: str) -> None:
     x = np.frombuffer(b"\x00\x00\x80\x3f" + b"\xff\xff\xff\x7f" + bytes(4), np.float32).reshape(1, 3)  # 1, NaN, 0
     with pytest.raises(InferenceServerException) as e:
-        infer(live, protocol, "layernorm", {"input": x}, {"input": "FP32"})
+        infer(live_grpc, protocol, "layernorm", {"input": x}, {"input": "FP32"})
     assert (
         e.value.message()
         == "inputs.input: element [0, 1] = nan is outside float32's finite range (|x| <= 3.402823e+38)"

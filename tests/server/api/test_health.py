@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.live_server import live_server
-from tests.server.model_dirs import BROKEN, broken_copy, not_ready_reason
+from tests.repositories import BROKEN, broken_copy, not_ready_reason
 
 
 def test_ready_and_live_when_models_verified(client: httpx.Client) -> None:

@@ -13,7 +13,6 @@ import logging.config
 import re
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +22,9 @@ import pytest
 
 from app.server.telemetry import logs
 from tests.live_server import MODELS
-from tests.repositories import sha256sum_identity
+from tests.repositories import broken_copy, not_ready_reason, sha256sum_identity
 from tests.server.log_records import captured
 from tests.server.logged_server import LoggedServer, logged_server
-from tests.server.model_dirs import broken_copy, not_ready_reason
-
-LOGGERS = ("normserve", "uvicorn", "uvicorn.access")
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """configure() and dictConfig change this process's loggers: put them back afterwards."""
-    loggers = [logging.getLogger(name) for name in LOGGERS]
-    saved = [(list(lg.handlers), lg.level, lg.propagate, lg.disabled) for lg in loggers]
-    try:
-        yield
-    finally:
-        for lg, (handlers, level, propagate, disabled) in zip(loggers, saved, strict=True):
-            lg.handlers, lg.propagate, lg.disabled = handlers, propagate, disabled
-            lg.setLevel(level)
 
 
 def record(msg: str = "hello %s", args: tuple[Any, ...] = ("world",), **fields: Any) -> logging.LogRecord:

@@ -15,7 +15,7 @@ import orjson
 from benchmarks.servers import free_port, server_process, uvicorn_command
 from tests.live_server import server_env
 
-# The admin token of the shared live server (tests/server/api/v2/grpc/conftest.py): admin RPCs are closed without one.
+# The admin token of the shared live server (tests/conftest.py): admin RPCs are closed without one.
 ADMIN_TOKEN = "grpc-admin-token"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 

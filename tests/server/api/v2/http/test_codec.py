@@ -19,7 +19,7 @@ import pytest
 from app.core.runtime import Runtime
 from app.core.seeds import SEED003
 from tests.live_server import live_server
-from tests.server.model_dirs import broken_copy, not_ready_reason
+from tests.repositories import broken_copy, not_ready_reason
 
 LN = "/v2/models/layernorm/infer"
 ENC = "/v2/models/encoder/infer"
