@@ -13,7 +13,7 @@ import pytest
 from app.core.encoder import EncoderModel
 from app.core.layernorm import WARM_UP_ATOL, LayerNormModel
 from app.core.model import ModelLoadError
-from app.core.runtime import KINDS, READY, UNAVAILABLE, Runtime, State, session_options
+from app.core.runtime import KINDS, Runtime, State, VersionState, session_options
 from app.errors import InvalidInput, ModelNotFound
 from app.settings import Settings
 from tests.conftest import DEFAULT_MODELS
@@ -53,7 +53,7 @@ def test_load_builds_every_default_model_by_its_kinds_class(runtime: Runtime) ->
         assert manifest["files"]["model.onnx"] == _sha256(model.path)
         assert model.sha256 == sha256sum_identity(model.path.parent)  # over every file, once at load
         assert model.files == manifest["files"] and model.load_seconds > 0
-        assert runtime.states[model.name, 1] == State(READY)
+        assert runtime.states[model.name, 1] == VersionState(State.READY)
 
 
 @pytest.mark.parametrize("threads", [0, 1, 3])
@@ -121,7 +121,9 @@ def test_without_a_version_the_highest_serving_one_answers(models: Path) -> None
     runtime.publish(three)
     assert runtime.get("layernorm") is three and runtime.get("layernorm", "1") is one and runtime.get("layernorm", 3)
     assert runtime.retire("layernorm", 3) is three
-    assert runtime.get("layernorm") is one and runtime.states["layernorm", 3] == State(UNAVAILABLE, "unloaded")
+    assert runtime.get("layernorm") is one and runtime.states["layernorm", 3] == VersionState(
+        State.UNAVAILABLE, "unloaded"
+    )
     assert runtime.retire("layernorm", 3) is None  # twice: nothing more to retire
 
 

@@ -26,7 +26,7 @@ def _control(root: Path, **settings: Any) -> ModelControl:
 
 
 def _states(control: ModelControl, name: str) -> list[tuple[str, str, str]]:
-    return [(r["version"], r["state"], r["reason"]) for r in control.index() if r["name"] == name]
+    return [(str(r.version), r.state, r.reason) for r in control.runtime.index() if r.name == name]
 
 
 def _serving(control: ModelControl, name: str) -> list[int]:
