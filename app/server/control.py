@@ -71,7 +71,7 @@ class ModelControl:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self.runtime.events = Journal()
+        self.runtime.events = Journal()  # the metrics and the log of a server: a runtime alone has neither
         self.repository: Repository = runtime.repository
         self._stamps: dict[str, Stamp] = {}  # what each model's folder was when it was last loaded or tried
 
