@@ -49,7 +49,7 @@ INPUTS: Signature = [
     ("eps_std", ["rows", 1]),
 ]
 OUTPUTS: Signature = [("output", ["rows", "cols"]), ("mean", ["rows", 1]), ("inv_std_dev", ["rows", 1])]
-KERNEL_OUTPUTS = [name for name, _ in OUTPUTS]
+GRAPH_OUTPUTS = [name for name, _ in OUTPUTS]  # the exported graph's, in order (kernels.py has its own)
 
 
 class LayerNormModel(Model):
@@ -201,7 +201,7 @@ class LayerNormModel(Model):
         rows = condition_rows(x2, req.eps, req.eps_mode)
         feeds = {"input": rows.x, "gamma": gamma, "beta": beta, "eps_var": rows.eps_var, "eps_std": rows.eps_std}
         with np.errstate(over="ignore"):
-            out, kernel_mean, kernel_inv_std = self.run(feeds, KERNEL_OUTPUTS)
+            out, kernel_mean, kernel_inv_std = self.run(feeds, GRAPH_OUTPUTS)
             refine_rows(rows, out, kernel_mean, kernel_inv_std, gamma, beta)
         return out, rows.mean, rows.var
 

@@ -170,6 +170,14 @@ class Repository:
             return 1
         return max(self.versions(name), default=0) + 1
 
+    def relative(self, text: str) -> str:
+        """A text with the root taken off its paths: reasons are shown to clients (the index, readiness), which
+        need the model's file, not where the server keeps its repository."""
+        root = self.root
+        for prefix in sorted({str(root.resolve()), str(root.absolute()), str(root)}, key=len, reverse=True):
+            text = re.sub(rf"(?<![\w.-]){re.escape(prefix)}/", "", text)
+        return text
+
 
 def migrate(root: Path) -> list[str]:
     """Move the old layout (root/manifest.json listing every model) into <name>/1/; returns what moved.

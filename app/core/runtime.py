@@ -5,17 +5,22 @@ its parity warm-up against the NumPy reference. Publishing swaps in a new dict o
 versions, so a request reads a consistent snapshot without a lock, and one already holding a
 model object finishes on it after that version is retired (onnxruntime frees the session when the
 last holder lets go). Loads and unloads take one lock: they are rare, inference never waits on it.
+
+The Runtime is the only writer of each version's State: a load is `build_versions` (LOADING) then
+`serve` (READY), a failure in it changes nothing that serves (`fail`), `retire` shows UNLOADING until
+the version is closed. What to load is the caller's: `load` alone, app/server/control.py in a server.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import onnxruntime as ort
 
@@ -26,18 +31,47 @@ from app.core.repository import MANIFEST, MODEL_FILE, Policy, Repository, check_
 from app.errors import ModelNotFound
 from app.settings import Settings
 
-log = logging.getLogger("normserve.runtime")
-
 KINDS: dict[str, type[Model]] = {cls.kind: cls for cls in (LayerNormModel, EncoderModel)}
-READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"  # Triton's states
+
+
+class State(StrEnum):
+    """A version's state in the repository index, as Triton names them."""
+
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
 
 
 @dataclass(frozen=True)
-class State:
-    """A version's state in the repository index, and why it is not READY."""
+class VersionState:
+    """What the Runtime holds of each version it tried: its state, and why (not READY, or on older files)."""
 
-    state: str
+    state: State
     reason: str = ""
+
+
+class IndexRow(NamedTuple):
+    """One version in the repository index; the protocols write it as their wire's row."""
+
+    name: str
+    version: int
+    state: State
+    reason: str
+
+
+class VersionEvents:
+    """What a server records of each version's change (metrics, log lines: app/server/control.py); a runtime
+    alone records nothing."""
+
+    def loaded(self, model: Model, diff: float, atol: float) -> None:
+        """The version serves, its warm-up passed with this max abs diff under this tolerance."""
+
+    def failed(self, name: str, version: int, reason: str) -> None:
+        """The version failed to load, for this reason (its file, repository-relative)."""
+
+    def unloaded(self, name: str, version: int, reason: str) -> None:
+        """The version served and was retired."""
 
 
 def session_options(settings: Settings) -> ort.SessionOptions:
@@ -63,8 +97,9 @@ class Runtime:
         self.settings = settings
         self.repository = Repository(settings.model_dir)
         self.serving: dict[str, dict[int, Model]] = {}  # replaced whole, never mutated: readers need no lock
-        self.states: dict[tuple[str, int], State] = {}
+        self._states: dict[tuple[str, int], VersionState] = {}
         self.lock = threading.RLock()  # one load or unload at a time
+        self.events = VersionEvents()  # a server's model control records the changes (control.py)
         self._observe = observe
         self._in_flight = in_flight
         self._opts = session_options(settings)
@@ -74,16 +109,45 @@ class Runtime:
         """Every serving version, by name then version."""
         return [m for name in sorted(self.serving) for _, m in sorted(self.serving[name].items())]
 
+    @property
+    def states(self) -> Mapping[tuple[str, int], VersionState]:
+        """The state of each version tried, by (name, version); read-only: only the Runtime's methods change it."""
+        return MappingProxyType(self._states)
+
     def load(self) -> None:
         """Every model's versions as its policy selects them, built, warmed up and serving: a runtime with no
-        server around it (benchmarks, scripts). A server's worker loads through app/server/control.py."""
+        server around it (benchmarks, scripts). A server's worker chooses what to load in app/server/control.py."""
         self.repository.check_layout()
         for name in self.repository.names():
             policy = self.repository.policy(name)
-            for version in policy.select(self.repository.versions(name)):
-                model = self.build(name, version, policy)
-                self.warm_up(model)
-                self.publish(model)
+            self.serve(self.build_versions(name, policy.select(self.repository.versions(name)), policy))
+
+    def build_versions(self, name: str, versions: list[int], policy: Policy) -> list[Model]:
+        """These versions of a model, each LOADING then built, not warmed up; if one fails, none will serve."""
+        built: list[Model] = []
+        for version in versions:
+            self._states[name, version] = VersionState(State.LOADING)
+            try:
+                built.append(self.build(name, version, policy))
+            except Exception as e:
+                self.fail(name, version, e, built)
+                raise
+        return built
+
+    def serve(self, models: list[Model]) -> dict[tuple[str, str], tuple[float, float]]:
+        """The parity warm-up of each built version, then, only once every one passed, they serve together:
+        (max abs diff, tolerance) by (name, version). If one fails, none serves."""
+        figures = {}
+        for model in models:
+            try:
+                figures[model.name, model.version] = self.warm_up(model)
+            except Exception as e:
+                self.fail(model.name, int(model.version), e, models)
+                raise
+        for model in models:
+            self.publish(model)
+            self.events.loaded(model, *figures[model.name, model.version])
+        return figures
 
     def build(self, name: str, version: int, policy: Policy | None = None) -> Model:
         """sha256 of every file, the session, the manifest checked against it: ModelLoadError names the file and
@@ -159,10 +223,11 @@ class Runtime:
         with self.lock:
             versions = {**self.serving.get(model.name, {}), int(model.version): model}
             self.serving = {**self.serving, model.name: versions}
-            self.states[model.name, int(model.version)] = State(READY)
+            self._states[model.name, int(model.version)] = VersionState(State.READY)
 
     def retire(self, name: str, version: int, reason: str = "unloaded") -> Model | None:
-        """The version takes no new request; those holding it finish on it. The model retired, if it served."""
+        """The version takes no new request (UNLOADING until it is closed); those holding it finish on it. The
+        model retired, if it served."""
         with self.lock:
             versions = dict(self.serving.get(name, {}))
             model = versions.pop(version, None)
@@ -170,11 +235,54 @@ class Runtime:
             if not versions:
                 del serving[name]
             self.serving = serving
-            if model is not None or (name, version) in self.states:
-                self.states[name, version] = State(UNAVAILABLE, reason)
+            if model is not None:
+                self._states[name, version] = VersionState(State.UNLOADING)
+            elif (name, version) in self._states:
+                self._states[name, version] = VersionState(State.UNAVAILABLE, reason)
         if model is not None:
             model.close()
+            self._states[name, version] = VersionState(State.UNAVAILABLE, reason)
+            self.events.unloaded(name, version, reason)
         return model
+
+    def fail(self, name: str, version: int, error: Exception, built: list[Model]) -> None:
+        """A version failed to load: its state says why (its file, repository-relative); the versions loaded with
+        it do not serve either (they change together), and none built for this load will: their batchers stop."""
+        for model in built:
+            model.close()
+            if model.version != str(version) and int(model.version) not in self.serving.get(name, {}):
+                self._states[name, int(model.version)] = VersionState(State.UNAVAILABLE, f"version {version} failed")
+        reason = self.repository.relative(str(error))
+        if version in self.serving.get(name, {}):  # a reload: the version loaded before goes on serving
+            self._states[name, version] = VersionState(
+                State.READY, f"reload failed; the previous files serve: {reason}"
+            )
+        else:
+            self._states[name, version] = VersionState(State.UNAVAILABLE, reason)
+        self.events.failed(name, version, reason)
+
+    def abandon(self, reason: str) -> None:
+        """Versions left LOADING by a start-up that failed elsewhere: they never serve, and the index says why."""
+        for key, state in list(self._states.items()):
+            if state.state is State.LOADING:
+                self._states[key] = VersionState(State.UNAVAILABLE, reason)
+
+    def adopt(self, states: Mapping[tuple[str, int], VersionState]) -> None:
+        """The states another worker of the server holds, once this one serves what it serves (modelsync.py)."""
+        self._states.update(states)
+
+    def index(self) -> list[IndexRow]:
+        """Every version in the folder and every serving one, with its state: Triton's repository index."""
+        rows = []
+        for name in sorted(set(self.serving) | set(self.repository.names())):
+            try:
+                versions = set(self.repository.versions(name))
+            except (ModelNotFound, OSError):
+                versions = set()
+            for version in sorted(versions | set(self.serving.get(name, {}))):
+                state = self._states.get((name, version), VersionState(State.UNAVAILABLE, "not loaded"))
+                rows.append(IndexRow(name, version, state.state, state.reason))
+        return rows
 
     def get(self, name: str, version: str | int | None = None) -> Model:
         """The serving model: the given version, or the highest one; 404 naming what serves."""

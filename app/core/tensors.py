@@ -30,7 +30,6 @@ DATATYPES: dict[str, np.dtype[Any]] = {
     "FP32": np.dtype("<f4"),
     "FP64": np.dtype("<f8"),
 }
-DATATYPE_OF: dict[np.dtype[Any], str] = {dt: name for name, dt in DATATYPES.items()}
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY

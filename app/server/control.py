@@ -5,18 +5,18 @@ start and then what the repository API asks (load, unload); `poll` loads everyth
 then follows the folder, every NORMSERVE_POLL_INTERVAL_S. In every mode a load builds and warms up
 each version its version_policy selects before it takes traffic, and retires the versions the
 policy no longer selects only once the new ones serve; a failed load changes nothing that serves.
+This module decides what to load; the Runtime loads it and alone writes each version's state.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from app.core.model import Model, ModelLoadError
 from app.core.repository import LegacyLayout, Policy, PolicyError, Repository
-from app.core.runtime import LOADING, READY, UNAVAILABLE, Runtime, State
+from app.core.runtime import Runtime, VersionEvents
 from app.errors import ModelControlDisabled, ModelLoadFailed, ModelNotFound
 from app.server.telemetry import metrics
 
@@ -37,11 +37,41 @@ def stamp(folder: Path) -> Stamp:
     return tuple(files)
 
 
+class Journal(VersionEvents):
+    """Each version's load, failure and unload in the metrics and the log."""
+
+    def loaded(self, model: Model, diff: float, atol: float) -> None:
+        metrics.record_model(model.name, model.version, model.load_seconds, diff, atol)
+        log.info(
+            "loaded model %s version %s (sha256 %s...) in %.3f s; parity warm-up max abs diff %.2e",
+            *(model.name, model.version, model.sha256[:12], model.load_seconds, diff),
+            extra={
+                "model": model.name,
+                "version": model.version,
+                "sha256": model.sha256,
+                "load_seconds": round(model.load_seconds, 4),
+                "parity_max_abs_diff": diff,
+            },
+        )
+
+    def failed(self, name: str, version: int, reason: str) -> None:
+        metrics.record_load_failure(name, str(version))
+        log.error(
+            "model %s version %s failed to load: %s", name, version, reason, extra={"model": name, "version": version}
+        )
+
+    def unloaded(self, name: str, version: int, reason: str) -> None:
+        metrics.record_unload(name, str(version))
+        log.info("unloaded model %s version %s: %s", name, version, reason, extra={"model": name})
+
+
 class ModelControl:
-    """Loads, unloads and polls one worker's models; the Runtime holds what serves."""
+    """Loads, unloads and polls one worker's models: which versions, when; the Runtime loads them and holds their
+    state."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        self.runtime.events = Journal()  # the metrics and the log of a server: a runtime alone has neither
         self.repository: Repository = runtime.repository
         self._stamps: dict[str, Stamp] = {}  # what each model's folder was when it was last loaded or tried
 
@@ -85,31 +115,7 @@ class ModelControl:
 
     def _build(self, name: str, policy: Policy, selected: list[int], reload: Collection[int]) -> list[Model]:
         serving = self.runtime.serving.get(name, {})
-        built: list[Model] = []
-        for version in selected:
-            if version in serving and version not in reload:
-                continue
-            self.runtime.states[name, version] = State(LOADING)
-            try:
-                built.append(self.runtime.build(name, version, policy))
-            except LOAD_ERRORS as e:
-                self._failed(name, version, e, built)
-                raise
-        return built
-
-    def warm_up(self, models: list[Model]) -> dict[tuple[str, str], tuple[float, float]]:
-        """The parity warm-up of each built version, then it serves: (max abs diff, tolerance) by (name, version)."""
-        figures = {}
-        for model in models:
-            try:
-                diff, atol = self.runtime.warm_up(model)
-            except LOAD_ERRORS as e:
-                self._failed(model.name, int(model.version), e, models)
-                raise
-            figures[model.name, model.version] = diff, atol
-        for model in models:  # only once every one passed: a model's versions change together
-            self._publish(model, *figures[model.name, model.version])
-        return figures
+        return self.runtime.build_versions(name, [v for v in selected if v not in serving or v in reload], policy)
 
     def load(self, name: str, reload: Collection[int] = ()) -> list[Model]:
         """Load a model's selected versions, then retire the others. ModelLoadFailed (400) if any fails.
@@ -119,13 +125,13 @@ class ModelControl:
             try:
                 policy, selected = self._plan(name)
                 models = self._build(name, policy, selected, reload)
-                self.warm_up(models)
+                self.runtime.serve(models)
             except ModelNotFound:
                 raise
             except LOAD_ERRORS as e:
-                raise ModelLoadFailed(f"failed to load model {name!r}: {self.relative(e)}") from None
+                raise ModelLoadFailed(f"failed to load model {name!r}: {self.repository.relative(str(e))}") from None
             for version in sorted(set(self.runtime.serving.get(name, {})) - set(selected)):
-                self._retire(name, version, "not selected by the version_policy any more")
+                self.runtime.retire(name, version, "not selected by the version_policy any more")
             return models
 
     def build_exactly(self, name: str, versions: list[int]) -> list[Model]:
@@ -136,11 +142,11 @@ class ModelControl:
         """Serve these versions of a model and no other: what another worker of the server loaded (modelsync.py)."""
         with self.runtime.lock:
             try:
-                self.warm_up(self.build_exactly(name, versions))
+                self.runtime.serve(self.build_exactly(name, versions))
             except LOAD_ERRORS as e:
                 raise ModelLoadFailed(f"failed to load model {name!r}: {e}") from None
             for version in sorted(set(self.runtime.serving.get(name, {})) - set(versions)):
-                self._retire(name, version, "not selected by the version_policy any more")
+                self.runtime.retire(name, version, "not selected by the version_policy any more")
 
     def start(
         self, names: list[str], exactly: Mapping[str, list[int]] | None = None
@@ -154,19 +160,10 @@ class ModelControl:
             with self.runtime.lock:
                 try:
                     models = self.build(name) if exactly is None else self.build_exactly(name, exactly[name])
-                    figures |= self.warm_up(models)
+                    figures |= self.runtime.serve(models)
                 except (*LOAD_ERRORS, ModelNotFound) as e:
-                    failures[name] = self.relative(e)
+                    failures[name] = self.repository.relative(str(e))
         return figures, failures
-
-    def relative(self, error: Exception) -> str:
-        """An error's text with the repository's root taken off its paths: reasons are shown to clients (the
-        index, readiness), which need the model's file, not where the server keeps its repository."""
-        text = str(error)
-        root = self.repository.root
-        for prefix in sorted({str(root.resolve()), str(root.absolute()), str(root)}, key=len, reverse=True):
-            text = re.sub(rf"(?<![\w.-]){re.escape(prefix)}/", "", text)
-        return text
 
     def unload(self, name: str) -> list[int]:
         """Retire every version of a model: requests already holding one finish on it. The versions retired."""
@@ -175,7 +172,7 @@ class ModelControl:
             if not versions:
                 self.repository.folder(name)  # 404 for a name the repository does not have
             for version in versions:
-                self._retire(name, version, "unloaded")
+                self.runtime.retire(name, version, "unloaded")
             return versions
 
     def poll(self) -> None:
@@ -197,63 +194,6 @@ class ModelControl:
         """Serving versions whose files changed in place: reloaded, as Triton's poll mode does."""
         changed = {f[0].split("/")[0] for f in set(self._stamps.get(name, ())) ^ set(now)}
         return [v for v in self.runtime.serving.get(name, {}) if str(v) in changed]
-
-    def index(self) -> list[dict[str, str]]:
-        """Every version in the folder and every serving one, with its state: Triton's repository index."""
-        rows = []
-        names = set(self.runtime.serving) | set(self.repository.names())
-        for name in sorted(names):
-            try:
-                versions = set(self.repository.versions(name))
-            except (ModelNotFound, OSError):
-                versions = set()
-            for version in sorted(versions | set(self.runtime.serving.get(name, {}))):
-                state = self.runtime.states.get((name, version), State(UNAVAILABLE, "not loaded"))
-                rows.append({"name": name, "version": str(version), "state": state.state, "reason": state.reason})
-        return rows
-
-    def abandon(self, reason: str) -> None:
-        """Versions left LOADING by a start-up that failed elsewhere: they never serve, and the index says why."""
-        for key, state in list(self.runtime.states.items()):
-            if state.state == LOADING:
-                self.runtime.states[key] = State(UNAVAILABLE, reason)
-
-    def _publish(self, model: Model, diff: float, atol: float) -> None:
-        self.runtime.publish(model)
-        metrics.record_model(model.name, model.version, model.load_seconds, diff, atol)
-        log.info(
-            "loaded model %s version %s (sha256 %s...) in %.3f s; parity warm-up max abs diff %.2e",
-            *(model.name, model.version, model.sha256[:12], model.load_seconds, diff),
-            extra={
-                "model": model.name,
-                "version": model.version,
-                "sha256": model.sha256,
-                "load_seconds": round(model.load_seconds, 4),
-                "parity_max_abs_diff": diff,
-            },
-        )
-
-    def _retire(self, name: str, version: int, reason: str) -> None:
-        if self.runtime.retire(name, version, reason) is not None:
-            metrics.record_unload(name, str(version))
-            log.info("unloaded model %s version %s: %s", name, version, reason, extra={"model": name})
-
-    def _failed(self, name: str, version: int, error: Exception, others: list[Model]) -> None:
-        """The version's state says why; the versions loaded with it do not serve either (they change together),
-        and none of those built for this load will: their batchers stop."""
-        for model in others:
-            model.close()
-            if model.version != str(version) and int(model.version) not in self.runtime.serving.get(name, {}):
-                self.runtime.states[name, int(model.version)] = State(UNAVAILABLE, f"version {version} failed")
-        reason = self.relative(error)
-        if version in self.runtime.serving.get(name, {}):  # a reload: the version loaded before goes on serving
-            self.runtime.states[name, version] = State(READY, f"reload failed; the previous files serve: {reason}")
-        else:
-            self.runtime.states[name, version] = State(UNAVAILABLE, reason)
-        metrics.record_load_failure(name, str(version))
-        log.error(
-            "model %s version %s failed to load: %s", name, version, reason, extra={"model": name, "version": version}
-        )
 
 
 __all__ = ["LegacyLayout", "ModelControl", "stamp"]

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from app.core.runtime import State
+from app.core.runtime import State, VersionState
 from app.errors import ModelLoadFailed, ModelNotFound
 from app.server import group
 from app.server.control import LOAD_ERRORS, ModelControl
@@ -130,9 +130,11 @@ class ModelSync:
             for name, versions in sorted(wanted.items()):
                 if set(runtime.serving.get(name, {})) != set(versions):
                     self.control.serve_exactly(name, versions)
+            states = {}
             for key, (state, reason) in doc["states"].items():
                 name, version = key.rsplit("/", 1)
-                runtime.states[name, int(version)] = State(state, reason)
+                states[name, int(version)] = VersionState(State(state), reason)
+            runtime.adopt(states)
 
     def _publish_and_wait(self, name: str) -> None:
         runtime = self.control.runtime
@@ -141,7 +143,7 @@ class ModelSync:
             doc = {
                 "generation": generation,
                 "serving": {n: sorted(v) for n, v in runtime.serving.items()},
-                "states": {f"{n}/{v}": [s.state, s.reason] for (n, v), s in runtime.states.items()},
+                "states": {f"{n}/{v}": [s.state.value, s.reason] for (n, v), s in runtime.states.items()},
             }
             self.applied = generation
             self._ack(generation)

@@ -61,7 +61,7 @@ class Worker:
         """The parity warm-up of each model against the NumPy reference, then it serves: (max abs diff,
         tolerance) by (name, version). ModelLoadError past a tolerance."""
         self.admission.not_ready_reason = "parity warm-up running"
-        return self.control.warm_up(models)
+        return self.runtime.serve(models)
 
     def start(self) -> None:
         """Load, warm up, then ready; a failure leaves the worker live but not ready, with the reason.
@@ -126,7 +126,7 @@ class Worker:
 
     def _not_ready(self, reason: str) -> None:
         self.admission.not_ready_reason = f"model check failed: {reason}"
-        self.control.abandon(f"not loaded: {self.admission.not_ready_reason}")
+        self.runtime.abandon(f"not loaded: {self.admission.not_ready_reason}")
         log.error("not ready: %s", reason, extra={"reason": self.admission.not_ready_reason})
 
     def model(self, name: str, version: str | int | None = None) -> Model:

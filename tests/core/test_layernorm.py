@@ -15,8 +15,8 @@ from app.core.dataplane import NormalizeInput, NormalizeOutput
 from app.core.layernorm import (
     CHUNK_ELEMENTS,
     FLOAT32_ULP,
+    GRAPH_OUTPUTS,
     INPUTS,
-    KERNEL_OUTPUTS,
     NORMALIZE_ATOL,
     OUTPUTS,
     WARM_UP_ATOL,
@@ -67,7 +67,7 @@ def _case(shape: tuple[int, ...], k: int, affine: bool, offset: float, seed: int
 def test_signature_is_the_exported_graphs(session: ort.InferenceSession) -> None:
     assert [(v.name, v.shape) for v in session.get_inputs()] == INPUTS
     assert [(v.name, v.shape) for v in session.get_outputs()] == OUTPUTS
-    assert KERNEL_OUTPUTS == [o.name for o in session.get_outputs()]
+    assert GRAPH_OUTPUTS == [o.name for o in session.get_outputs()]
 
 
 def test_v2_view_takes_input_gamma_beta_and_the_three_parameters(model: LayerNormModel) -> None:

@@ -217,3 +217,23 @@ def test_migrate_moves_every_model_into_version_1_with_its_sha256s(tmp_path: Pat
         manifest = repo.manifest(name, 1)
         assert manifest["files"] == {f: sha256_of(root / name / "1" / f) for f in manifest["files"]}
         assert manifest["files"] == json.loads((MODELS / name / "1/manifest.json").read_text())["files"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("{root}/ln/2/model.onnx: sha256 differs", "ln/2/model.onnx: sha256 differs"),
+        ("{absolute}/ln/2/manifest.json: manifest missing", "ln/2/manifest.json: manifest missing"),
+        ("{root}-old/ln/2/model.onnx: elsewhere", "{root}-old/ln/2/model.onnx: elsewhere"),
+        (
+            "NORMSERVE_STARTUP_MODELS names ln: not in the repository",
+            "NORMSERVE_STARTUP_MODELS names ln: not in the repository",
+        ),
+    ],
+    ids=["as-given", "absolute", "a-sibling-folder-stays", "no-path"],
+)
+def test_relative_takes_the_root_off_the_paths_of_a_reason(tmp_path: Path, text: str, expected: str) -> None:
+    root = tmp_path / "models"
+    repo = Repository(root)
+    fill = {"root": str(root), "absolute": str(root.resolve())}
+    assert repo.relative(text.format(**fill)) == expected.format(**fill)

@@ -12,7 +12,7 @@ import pytest
 from app.core.encoder import EncoderModel
 from app.core.layernorm import WARM_UP_ATOL, LayerNormModel
 from app.core.model import ModelLoadError
-from app.core.runtime import KINDS, READY, UNAVAILABLE, Runtime, State, session_options
+from app.core.runtime import KINDS, IndexRow, Runtime, State, VersionState, session_options
 from app.errors import InvalidInput, ModelNotFound
 from app.settings import Settings
 from tests.conftest import DEFAULT_MODELS
@@ -48,7 +48,7 @@ def test_load_builds_every_default_model_by_its_kinds_class(runtime: Runtime) ->
         assert manifest["files"]["model.onnx"] == _sha256(model.path)
         assert model.sha256 == sha256sum_identity(model.path.parent)  # over every file, once at load
         assert model.files == manifest["files"] and model.load_seconds > 0
-        assert runtime.states[model.name, 1] == State(READY)
+        assert runtime.states[model.name, 1] == VersionState(State.READY)
 
 
 @pytest.mark.parametrize("threads", [0, 1, 3])
@@ -116,7 +116,9 @@ def test_without_a_version_the_highest_serving_one_answers(models: Path) -> None
     runtime.publish(three)
     assert runtime.get("layernorm") is three and runtime.get("layernorm", "1") is one and runtime.get("layernorm", 3)
     assert runtime.retire("layernorm", 3) is three
-    assert runtime.get("layernorm") is one and runtime.states["layernorm", 3] == State(UNAVAILABLE, "unloaded")
+    assert runtime.get("layernorm") is one and runtime.states["layernorm", 3] == VersionState(
+        State.UNAVAILABLE, "unloaded"
+    )
     assert runtime.retire("layernorm", 3) is None  # twice: nothing more to retire
 
 
@@ -168,3 +170,44 @@ def test_warm_up_past_a_tolerance_is_refused_naming_the_model_file() -> None:
     with pytest.raises(ModelLoadError) as e:
         runtime.warm_up(model)
     assert str(e.value) == f"{MODELS}/encoder/1/model.onnx: parity warm-up failed, max abs diff {diff:.3g} > 1e-12"
+
+
+def test_version_states_are_tritons_and_read_only_outside_the_runtime(models: Path) -> None:
+    assert [s.value for s in State] == ["READY", "UNAVAILABLE", "LOADING", "UNLOADING"]
+    runtime = Runtime(Settings(model_dir=models))
+    runtime.publish(runtime.build("layernorm", 1))
+    with pytest.raises(TypeError) as e:
+        runtime.states["layernorm", 1] = VersionState(State.UNAVAILABLE)  # type: ignore[index]
+    assert str(e.value) == "'mappingproxy' object does not support item assignment"
+    assert runtime.states["layernorm", 1] == VersionState(State.READY)
+
+
+def test_built_versions_are_loading_until_they_serve_or_a_failed_start_abandons_them(models: Path) -> None:
+    add_version(models, "layernorm", 2)
+    runtime = Runtime(Settings(model_dir=models))
+    policy = runtime.repository.policy("layernorm")
+    built = runtime.build_versions("layernorm", [2, 1], policy)
+    assert runtime.index()[-2:] == [
+        IndexRow("layernorm", 1, State.LOADING, ""),
+        IndexRow("layernorm", 2, State.LOADING, ""),
+    ]
+    runtime.serve(built[:1])
+    runtime.abandon("not loaded: the encoder failed")
+    assert runtime.index()[-2:] == [
+        IndexRow("layernorm", 1, State.UNAVAILABLE, "not loaded: the encoder failed"),
+        IndexRow("layernorm", 2, State.READY, ""),
+    ]
+
+
+def test_a_version_failing_its_build_takes_those_built_with_it_down_and_says_why(models: Path) -> None:
+    add_version(models, "layernorm", 2)
+    (models / "layernorm" / "1" / "manifest.json").unlink()
+    runtime = Runtime(Settings(model_dir=models))
+    with pytest.raises(ModelLoadError) as e:
+        runtime.build_versions("layernorm", [2, 1], runtime.repository.policy("layernorm"))
+    assert str(e.value) == f"{models}/layernorm/1/manifest.json: manifest missing"
+    assert runtime.index()[-2:] == [
+        IndexRow("layernorm", 1, State.UNAVAILABLE, "layernorm/1/manifest.json: manifest missing"),
+        IndexRow("layernorm", 2, State.UNAVAILABLE, "version 1 failed"),
+    ]
+    assert "layernorm" not in runtime.serving

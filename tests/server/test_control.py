@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +16,9 @@ import pytest
 
 from app.core import reference
 from app.core.dataplane import EncodeInput, NormalizeInput
+from app.core.encoder import EncoderModel
 from app.core.model import ModelLoadError, sha256_of
-from app.core.runtime import Runtime
+from app.core.runtime import Runtime, State
 from app.errors import ModelControlDisabled, ModelLoadFailed, ModelNotFound
 from app.server.control import ModelControl
 from app.settings import Settings
@@ -26,7 +30,7 @@ def _control(root: Path, **settings: Any) -> ModelControl:
 
 
 def _states(control: ModelControl, name: str) -> list[tuple[str, str, str]]:
-    return [(r["version"], r["state"], r["reason"]) for r in control.index() if r["name"] == name]
+    return [(str(r.version), r.state, r.reason) for r in control.runtime.index() if r.name == name]
 
 
 def _serving(control: ModelControl, name: str) -> list[int]:
@@ -59,6 +63,48 @@ def test_load_serves_the_policys_versions_then_retires_the_others(root: Path) ->
         ("1", "UNAVAILABLE", "not selected by the version_policy any more"),
         ("2", "READY", ""),
     ]
+
+
+def test_an_unload_shows_unloading_until_the_version_is_closed(root: Path) -> None:
+    """Triton's UNLOADING: the version takes no new request from the start of its unload, and the index says so
+    until it is closed (here its batcher, told to merge no more, waits on the lock this test holds)."""
+    control = _control(root)
+    control.load("encoder")
+    model = control.runtime.get("encoder")
+    assert isinstance(model, EncoderModel) and model.batcher is not None
+    unload = threading.Thread(target=control.unload, args=("encoder",))
+    with model.batcher._cond:
+        unload.start()
+        deadline = time.monotonic() + 10
+        while control.runtime.states["encoder", 1].state is not State.UNLOADING and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _states(control, "encoder") == [("1", "UNLOADING", "")]
+        with pytest.raises(ModelNotFound):
+            control.runtime.get("encoder")
+    unload.join(timeout=10)
+    assert _states(control, "encoder") == [("1", "UNAVAILABLE", "unloaded")]
+
+
+def _state_writes(path: Path) -> list[str]:
+    """Where a module assigns into a `states` mapping or touches the Runtime's own `_states`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        for target in targets:
+            value = target.value if isinstance(target, ast.Subscript) else None
+            if isinstance(value, ast.Attribute) and value.attr in ("states", "_states"):
+                found.append(f"{path.name}:{node.lineno}")
+        if isinstance(node, ast.Attribute) and node.attr == "_states":
+            found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_only_the_runtime_writes_version_states() -> None:
+    """A complement to the behaviour above: no module but app/core/runtime.py writes a version's state."""
+    app = Path(__file__).resolve().parents[2] / "app"
+    others = [p for p in sorted(app.rglob("*.py")) if p != app / "core" / "runtime.py"]
+    assert [w for p in others for w in _state_writes(p)] == []
+    assert _state_writes(app / "core" / "runtime.py") != []  # the check sees the writes where they are
 
 
 def test_a_failed_load_changes_nothing_that_serves_and_says_why(root: Path) -> None:

@@ -170,7 +170,7 @@ def test_a_worker_started_later_serves_what_the_others_serve(repository: Path, s
 def _sync(root: Path, folder: Path) -> ModelSync:
     control = ModelControl(Runtime(Settings(model_dir=root, model_control="explicit")))
     for name in control.startup_names():
-        control.warm_up(control.build(name))
+        control.runtime.serve(control.build(name))
     sync = ModelSync(control, folder)
     sync.started()
     return sync
@@ -197,10 +197,12 @@ def test_a_published_generation_is_applied_by_another_worker_with_its_index(repo
     assert sorted(second.control.runtime.serving["ln"]) == [1]
     second.catch_up()
     assert sorted(second.control.runtime.serving["ln"]) == [2]
-    assert second.control.index() == first.control.index()
+    assert second.control.runtime.index() == first.control.runtime.index()
     first.run(lambda: first.control.unload("ln"), "ln")
     second.catch_up()
-    assert "ln" not in second.control.runtime.serving and second.control.index() == first.control.index()
+    assert (
+        "ln" not in second.control.runtime.serving and second.control.runtime.index() == first.control.runtime.index()
+    )
 
 
 def test_a_worker_that_does_not_apply_a_change_in_time_is_named(

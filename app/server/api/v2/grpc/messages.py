@@ -14,6 +14,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from app import __version__
 from app.core.model import Model
+from app.core.runtime import IndexRow, State
 from app.server.api.v2 import config
 
 # Triton's extensions this transport implements (binary_tensor_data is HTTP's: gRPC tensors are raw anyway).
@@ -41,10 +42,10 @@ def statistics(report: dict[str, Any]) -> Any:
     return json_format.ParseDict(report, pb.ModelStatisticsResponse())
 
 
-def repository_index(rows: list[dict[str, str]], ready_only: bool) -> Any:
-    """ModelControl.index's rows: every version in the repository folder with its state and reason."""
+def repository_index(rows: list[IndexRow], ready_only: bool) -> Any:
+    """Runtime.index's rows: every version in the repository folder with its state and reason."""
     response = pb.RepositoryIndexResponse()
     for row in rows:
-        if not ready_only or row["state"] == "READY":
-            response.models.add(**row)
+        if not ready_only or row.state is State.READY:
+            response.models.add(name=row.name, version=str(row.version), state=row.state.value, reason=row.reason)
     return response

@@ -86,7 +86,7 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
 
     async def RepositoryIndex(self, request: Any, context: Any, call: Call) -> Any:
         self._admin(context)
-        return messages.repository_index(self.worker.control.index(), request.ready)
+        return messages.repository_index(self.worker.runtime.index(), request.ready)
 
     async def RepositoryModelLoad(self, request: Any, context: Any, call: Call) -> Any:
         """As HTTP's load: explicit mode only; done (or failed, with the reason) when it answers."""

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.core.repository import check_name
+from app.core.runtime import State
 from app.core.tensors import loads
 from app.errors import InvalidInput, shown
 from app.server.api import openapi
@@ -55,10 +56,10 @@ async def _admin_body(request: Request, worker: Worker, allowed: dict[str, type]
 async def index(request: Request, worker: Worker) -> Response:
     """Every version in the repository folder with its state (READY, UNAVAILABLE, LOADING, UNLOADING) and reason."""
     doc = await _admin_body(request, worker, {"ready": bool})
-    rows = worker.control.index()
-    if doc.get("ready"):
-        rows = [r for r in rows if r["state"] == "READY"]
-    return json_response(rows)
+    rows = [r for r in worker.runtime.index() if r.state is State.READY or not doc.get("ready")]
+    return json_response(
+        [{"name": r.name, "version": str(r.version), "state": r.state.value, "reason": r.reason} for r in rows]
+    )
 
 
 @router.post("/v2/repository/models/{name}/load", **openapi.V2_REPOSITORY_CONTROL)

@@ -9,10 +9,10 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from app import __version__
-from app.core.runtime import Runtime
+from app.core.runtime import IndexRow, Runtime, State
 from app.server.api.v2.grpc import messages
-from app.server.control import ModelControl
-from app.server.telemetry.statistics import InferTimer, Statistics
+from app.server.telemetry.statistics import Statistics
+from app.server.telemetry.timer import InferTimer
 
 MODELS = ["encoder", "encoder-preln", "layernorm"]
 
@@ -96,18 +96,19 @@ def _int64_as_strings(value: Any) -> Any:
     return str(value) if isinstance(value, int) else value
 
 
-ROWS = [
-    {"name": "encoder", "version": "1", "state": "READY", "reason": ""},
-    {"name": "layernorm", "version": "1", "state": "READY", "reason": ""},
-    {"name": "layernorm", "version": "2", "state": "UNAVAILABLE", "reason": "not loaded"},
-    {"name": "layernorm", "version": "3", "state": "LOADING", "reason": ""},
+WIRE = [
+    ("encoder", "1", "READY", ""),
+    ("layernorm", "1", "READY", ""),
+    ("layernorm", "2", "UNAVAILABLE", "not loaded"),
+    ("layernorm", "3", "LOADING", ""),
 ]
+ROWS = [IndexRow(name, int(version), State(state), reason) for name, version, state, reason in WIRE]
 
 
 @pytest.mark.parametrize(
     ("ready_only", "expected"),
     [
-        (False, [tuple(row.values()) for row in ROWS]),
+        (False, WIRE),
         (True, [("encoder", "1", "READY", ""), ("layernorm", "1", "READY", "")]),
     ],
     ids=["all", "ready-only"],
@@ -120,5 +121,5 @@ def test_repository_index_lists_the_control_rows_and_ready_only_keeps_the_ready_
 
 
 def test_repository_index_of_a_loaded_runtime_has_every_version_ready(runtime: Runtime) -> None:
-    index = messages.repository_index(ModelControl(runtime).index(), ready_only=False)
+    index = messages.repository_index(runtime.index(), ready_only=False)
     assert [(m.name, m.version, m.state, m.reason) for m in index.models] == [(m, "1", "READY", "") for m in MODELS]
