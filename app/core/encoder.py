@@ -75,7 +75,7 @@ class EncoderModel(Model):
         stats = tuple(TensorSpec(n, FLOAT, (-1, -1)) for n in self.output_names[1:])
         self.outputs = (TensorSpec("output", FLOAT, (-1, -1, d)), *stats)
         self.batching = batching(loaded)
-        self.batcher: Batcher | None = None
+        self.batcher = None
         if self.batching["max_batch_size"] > 1:  # dynamic batching (app/core/batching.py)
             b = self.batching
             self.batcher = Batcher(

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import onnxruntime as ort
 
+from app.core.batching import Batcher
 from app.core.dataplane import Fields, ModelInfo
 from app.core.repository import WEIGHTS_FILE, Policy
 from app.errors import InvalidInput, shown
@@ -186,6 +187,8 @@ class Model(ABC):
     parameters: ClassVar[tuple[str, ...]] = ()  # V2 request parameters the model reads
     numbers: ClassVar[Mapping[str, type[int] | type[float]]] = {}  # those of them that are numbers, and which kind
     graph: tuple[Signature, Signature]  # the session's inputs and outputs that this kind and its config expect
+    # Merges concurrent requests into one run (app/core/batching.py); its callers block while a batch gathers.
+    batcher: Batcher | None = None
 
     def __init__(self, loaded: Loaded) -> None:
         entry = loaded.entry

@@ -1,15 +1,16 @@
 """One Worker per server process: its models, admission, drain and Triton statistics, and how inference runs.
 
 `start()` is the lifecycle (verify sha256 -> build sessions -> parity warm-up -> ready), used by the
-app's lifespan and by `normserve validate` alike. `infer()` is execution control for every protocol:
-admission, then the threadpool (or the event loop for tiny requests), the timeout, and statistics.
+app's lifespan and by `normserve validate` alike. `serve()` is the one inference pipeline of every protocol
+(each hands it a codec, app/server/pipeline.py): the body, admission, then the threadpool (or the event loop
+for tiny requests), the timeout, statistics.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -23,6 +24,7 @@ from app.server.budget import Budget
 from app.server.control import LOAD_ERRORS, ModelControl
 from app.server.drain import Drain
 from app.server.modelsync import ModelSync
+from app.server.pipeline import Codec, Job
 from app.server.telemetry import metrics, observability
 from app.server.telemetry.statistics import Statistics
 from app.server.telemetry.timer import InferTimer
@@ -30,7 +32,8 @@ from app.settings import Settings
 
 log = logging.getLogger("normserve")
 T = TypeVar("T")
-W = TypeVar("W")
+B = TypeVar("B")
+P = TypeVar("P")
 # Bodies up to this size are computed on the event loop: (1,8,64) in JSON is 5.6 KiB and takes ~0.15 ms.
 INLINE_BODY_BYTES = 16 * 1024
 
@@ -152,19 +155,43 @@ class Worker:
         if not warm_up:  # the warm-up's runs, at start or on a load through the API, are no client's executions
             self.statistics.record_execution(model, version, int(seconds * 1e9))
 
-    async def infer(
-        self, timer: InferTimer, fn: Callable[[], T], inline: bool = False, deadline_s: float | None = None
-    ) -> T:
-        """Run one inference job and count it in the statistics of the model it named (timer.model)."""
+    async def serve(self, codec: Codec[B, Any, P], body: Awaitable[B], deadline_s: float | None = None) -> P:
+        """One inference request of any protocol: its body, admission, its stages on the event loop or in the
+        threadpool (run), and its success or failure counted once, for the model it named (codec.model).
+
+        deadline_s: the client's remaining deadline (gRPC), when it is shorter than the request timeout.
+        """
+        timer = InferTimer()  # a body that fails to arrive counts as a failure of the model the URL named
         try:
-            result = await self.run(fn, inline, deadline_s)
+            arrived = await body
+            timer.restart()  # the clock starts once the body is in memory, as Triton's does
+            tiny = codec.size(arrived) <= INLINE_BODY_BYTES
+            job = Job(timer, codec, arrived)
+            del arrived  # the job holds the body until it is decoded, no one after
+            payload = await self._admit(job, tiny, deadline_s)
         except Exception:  # any answer but success counts as a failure; the error handlers still answer it
-            if timer.model is not None:
-                self.statistics.record_failure(*timer.model, timer)
+            self._count(codec, timer, success=False)
             raise
-        if timer.model is not None:
-            self.statistics.record_success(*timer.model, timer)
-        return result
+        self._count(codec, timer, success=True)
+        return payload
+
+    async def _admit(self, job: Job[Any, P], tiny: bool, deadline_s: float | None) -> P:
+        """A tiny request is decoded on the event loop, then runs there unless its model batches: a batcher
+        blocks its caller while the batch gathers. Others go to the threadpool whole."""
+        self._enter()
+        try:
+            inline = tiny and job.decode().batcher is None
+        except BaseException:
+            self._release()
+            raise
+        return await self._finish(job, inline, deadline_s)
+
+    def _count(self, codec: Codec[Any, Any, Any], timer: InferTimer, success: bool) -> None:
+        if codec.model is None:  # the request never named a model
+            return
+        timer.model = (codec.model.name, codec.model.version)
+        record = self.statistics.record_success if success else self.statistics.record_failure
+        record(codec.model.name, codec.model.version, timer)
 
     async def run(self, fn: Callable[[], T], inline: bool = False, deadline_s: float | None = None) -> T:
         """Admit the job, run it in the threadpool, and answer 504 past the timeout without killing the worker.
@@ -173,8 +200,15 @@ class Worker:
         less than the thread hop and the GIL hand-offs it brings (measured in docs/benchmarks.md).
         deadline_s: the client's remaining deadline (gRPC), when it is shorter than the request timeout.
         """
+        self._enter()
+        return await self._finish(fn, inline, deadline_s)
+
+    def _enter(self) -> None:
         self.admission.enter()
         metrics.IN_FLIGHT.inc()
+
+    async def _finish(self, fn: Callable[[], T], inline: bool, deadline_s: float | None) -> T:
+        """run's part once admitted: the slot is released when fn ends, or when it was never started."""
         # Whoever takes `claim` first releases the slot: the job when it starts (so a timed-out job still
         # counts until it really ends), or the waiter when it gave up before any thread picked the job up.
         claim = threading.Lock()
@@ -204,27 +238,6 @@ class Worker:
         metrics.IN_FLIGHT.dec()
 
 
-def staged(
-    timer: InferTimer, decode: Callable[[], tuple[Model, Any, W]], encode: Callable[[W, Any], T]
-) -> Callable[[], T]:
-    """The job of one inference request in any protocol, each stage timed: decode gives the model, the data
-    plane's input and what the protocol keeps for its answer (W); the model infers; encode writes the answer."""
-
-    def job() -> T:
-        timer.mark("queue")
-        model, request, wire = decode()
-        timer.model = (model.name, model.version)
-        timer.note_input(request)
-        timer.mark("compute_input")
-        result = model.infer(request)
-        timer.mark("compute_infer")
-        payload = encode(wire, result)
-        timer.mark("compute_output")
-        return payload
-
-    return job
-
-
 def _claimed(fn: Callable[[], T], claim: threading.Lock, release: Callable[[], None]) -> Callable[[], T]:
     def job() -> T:
         if not claim.acquire(blocking=False):
@@ -235,3 +248,8 @@ def _claimed(fn: Callable[[], T], claim: threading.Lock, release: Callable[[], N
             release()
 
     return job
+
+
+async def arrived(body: B) -> B:
+    """A body already in memory (gRPC's parsed message), as serve takes it."""
+    return body

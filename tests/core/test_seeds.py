@@ -82,7 +82,7 @@ def test_playground_example_buttons_send_the_seeds_inputs() -> None:
 
 
 def test_openapi_examples_are_built_from_the_seeds() -> None:
-    from app.server.api import openapi
+    from app.server.api.rest import openapi
 
     content = openapi.NORMALIZE["openapi_extra"]["requestBody"]["content"]["application/json"]
     values = [ex["value"] for ex in content["examples"].values()]

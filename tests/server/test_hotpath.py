@@ -106,10 +106,11 @@ def test_the_four_inference_routes_are_matched_and_nothing_else(app: NormserveAp
 def test_an_unexpected_error_is_the_same_500_with_the_request_id(
     app: NormserveApp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def broken(*args: Any, **kwargs: Any) -> Any:
+    async def broken(codec: Any, body: Any, *args: Any, **kwargs: Any) -> Any:
+        body.close()  # the body's read, never awaited
         raise RuntimeError("a bug on the hot path")
 
-    monkeypatch.setattr(app.state.worker, "infer", broken)
+    monkeypatch.setattr(app.state.worker, "serve", broken)
     logging.getLogger("normserve.errors").disabled = True  # the traceback is expected: keep the output clean
     try:
         fast = answer(app, True, "POST", "/normalize", JSON, b'{"data": [[1.0, 2.0]]}')

@@ -1,4 +1,4 @@
-"""app/server/worker.py: start (load, warm up, ready), model lookup, run (admission, threads, timeout), infer, staged.
+"""app/server/worker.py: start (load, warm up, ready), model lookup, run (admission, threads, timeout), serve.
 
 The workers here are real: Settings and the repo's exported models (or a copy of them with one thing broken),
 driven by asyncio directly. The jobs handed to `Worker.run` are what a route hands it, or a job that blocks
@@ -14,7 +14,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +25,19 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from app.core.dataplane import NormalizeInput, NormalizeOutput
+from app.core.dataplane import NormalizeInput
 from app.core.model import Model
 from app.core.runtime import Runtime
 from app.core.seeds import SEED003
 from app.errors import InvalidInput, ModelNotFound, NormserveError, NotReady, Overloaded, Timeout, status_for
 from app.server.api.rest import codec
-from app.server.telemetry.timer import STAGES, InferTimer
-from app.server.worker import Worker, staged
+from app.server.telemetry.timer import STAGES
+from app.server.worker import INLINE_BODY_BYTES, Worker, arrived
 from app.settings import Settings
 from tests.live_server import MODELS, live_server
 from tests.repositories import BROKEN, broken_copy, copy_models, not_ready_reason
 from tests.server.log_records import captured
+from tests.server.stages import Stages
 
 MODEL_NAMES = ["encoder", "encoder-preln", "layernorm"]
 WAIT_S = 10.0  # the longest a blocked job or a wait here lasts, so that a failing test never hangs
@@ -387,22 +388,13 @@ def test_a_request_abandoned_by_a_timed_out_drain_is_not_ready_and_its_job_keeps
     asyncio.run(scenario())
 
 
-# ---- infer: statistics of the model the request named (timer.model) --------------------------------------
+# ---- serve: statistics of the model the request named (codec.model) --------------------------------------
 
 
-def normalize_job(worker: Worker, timer: InferTimer, body: bytes) -> Callable[[], bytes]:
-    """The job POST /normalize builds: it names its model before decoding, so a bad body counts as its failure."""
-
-    def resolve(name: str, version: int | str | None) -> Model:
-        model = worker.model(name, version)
-        timer.model = (model.name, model.version)
-        return model
-
-    def decode() -> tuple[Model, NormalizeInput, None]:
-        model, req = codec.decode_normalize(body, worker.settings, resolve)
-        return model, req, None
-
-    return staged(timer, decode, lambda _, out: codec.encode_normalize(out))
+def normalize(worker: Worker, body: bytes) -> Coroutine[Any, Any, bytes]:
+    """What POST /normalize hands the worker: it names its model before decoding, so a bad body counts as its
+    failure."""
+    return worker.serve(codec.NormalizeCodec(worker.model, worker.settings), arrived(body))
 
 
 def counts(worker: Worker, name: str = "layernorm") -> tuple[int, int, int, int]:
@@ -412,10 +404,9 @@ def counts(worker: Worker, name: str = "layernorm") -> tuple[int, int, int, int]
     return s["inference_count"], s["execution_count"], inf["success"]["count"], inf["fail"]["count"]
 
 
-def test_infer_counts_a_success_and_each_stage_under_the_model_the_request_named() -> None:
+def test_serve_counts_a_success_and_each_stage_under_the_model_the_request_named() -> None:
     worker = started()
-    timer = InferTimer()
-    answer = asyncio.run(worker.infer(timer, normalize_job(worker, timer, orjson.dumps({"data": SEED003.x}))))
+    answer = asyncio.run(normalize(worker, orjson.dumps({"data": SEED003.x})))
     np.testing.assert_allclose(orjson.loads(answer)["output"], SEED003.output, atol=1e-4)
     assert counts(worker) == (1, 1, 1, 0)
     (s,) = worker.statistics.report([("layernorm", "1")])["model_stats"]
@@ -435,29 +426,33 @@ def test_infer_counts_a_success_and_each_stage_under_the_model_the_request_named
         ),
     ],
 )
-def test_infer_counts_a_request_that_fails_in_any_stage_as_one_failure(body: dict[str, Any], message: str) -> None:
+def test_serve_counts_a_request_that_fails_in_any_stage_as_one_failure(body: dict[str, Any], message: str) -> None:
     worker = started()
-    timer = InferTimer()
     with pytest.raises(InvalidInput) as e:
-        asyncio.run(worker.infer(timer, normalize_job(worker, timer, orjson.dumps(body))))
+        asyncio.run(normalize(worker, orjson.dumps(body)))
     assert e.value.message == message
     inferences, _, successes, failures = counts(worker)
     assert (inferences, successes, failures) == (0, 0, 1)  # inference_count counts successes, as Triton's
 
 
 @pytest.mark.parametrize("refusal", ["timeout", "overloaded"])
-def test_infer_counts_a_request_refused_by_admission_or_the_timeout_as_a_failure(refusal: str) -> None:
+def test_serve_counts_a_request_refused_by_admission_or_the_timeout_as_a_failure(refusal: str) -> None:
     worker = started(max_in_flight=1, request_timeout_s=0.2)
     holder, job = Blocked(), Blocked()
-    timer = InferTimer()
-    timer.model = ("layernorm", "1")  # as V2 names it, before the request is admitted
+    model = worker.model("layernorm")  # as V2 names it, before the request is admitted
+
+    def decode(body: bytes) -> tuple[Model, NormalizeInput, None]:
+        job()
+        raise RuntimeError("released once its request was answered")  # no run: the request counts no execution
+
+    blocking = Stages(decode, model=model, size=INLINE_BODY_BYTES + 1)  # to the threadpool, where the timeout is
 
     async def scenario() -> None:
         holding = asyncio.ensure_future(worker.run(holder)) if refusal == "overloaded" else None
         await until(lambda: holding is None or holder.started.is_set())
         expected: type[NormserveError] = Overloaded if refusal == "overloaded" else Timeout
         with pytest.raises(expected):
-            await worker.infer(timer, job)
+            await worker.serve(blocking, arrived(b""))
         holder.release.set()
         job.release.set()
         if holding is not None:
@@ -468,67 +463,15 @@ def test_infer_counts_a_request_refused_by_admission_or_the_timeout_as_a_failure
     assert counts(worker) == (0, 0, 0, 1)
 
 
-def test_infer_of_a_request_that_never_named_a_model_counts_for_no_model() -> None:
+def test_serve_of_a_request_that_never_named_a_model_counts_for_no_model() -> None:
     worker = started()
-    timer = InferTimer()
 
-    def decode() -> tuple[Model, NormalizeInput, None]:
+    def decode(body: bytes) -> tuple[Model, NormalizeInput, None]:
         return worker.model("gpt"), NormalizeInput(np.ones((1, 2))), None
 
     with pytest.raises(ModelNotFound):
-        asyncio.run(worker.infer(timer, staged(timer, decode, lambda _, out: out)))
+        asyncio.run(worker.serve(Stages(decode), arrived(b"")))
     assert [counts(worker, name) for name in MODEL_NAMES] == [(0, 0, 0, 0)] * 3
-
-
-# ---- staged: the job of one request, each stage timed ----------------------------------------------------
-
-
-def test_staged_marks_the_four_stages_in_order_and_names_the_model(ready_worker: Worker) -> None:
-    model = ready_worker.model("layernorm")
-    timer = InferTimer()
-
-    def encode(wire: str, out: NormalizeOutput) -> tuple[str, tuple[int, ...]]:
-        return wire, out.output.shape
-
-    job = staged(timer, lambda: (model, NormalizeInput(np.array(SEED003.x)), "wire"), encode)
-    assert timer.marks == {} and timer.model is None  # nothing runs before the job does
-    assert job() == ("wire", (2, 3))  # encode gets what decode kept for it and the model's result
-    assert list(timer.marks) == list(STAGES)
-    assert [timer.marks[stage] for stage in STAGES] == sorted(timer.marks.values())
-    assert timer.model == ("layernorm", "1")
-
-
-@pytest.mark.parametrize(
-    ("failing", "marked"),
-    [
-        ("decode", ["queue"]),
-        ("infer", ["queue", "compute_input"]),
-        ("encode", ["queue", "compute_input", "compute_infer"]),
-    ],
-)
-def test_staged_marks_only_the_stages_before_the_one_that_raised(
-    ready_worker: Worker, failing: str, marked: list[str]
-) -> None:
-    model = ready_worker.model("layernorm")
-    huge = np.full(2, 3e38, np.float32)  # gamma and beta whose output overflows float32: the model refuses it
-    x = np.array([[0.0, 1.0]])
-    request = NormalizeInput(x, gamma=huge, beta=huge) if failing == "infer" else NormalizeInput(x)
-
-    def decode() -> tuple[Model, NormalizeInput, None]:
-        if failing == "decode":
-            raise InvalidInput("not valid JSON", "body")
-        return model, request, None
-
-    def encode(_: None, out: NormalizeOutput) -> bytes:
-        if failing == "encode":
-            raise InvalidInput("cannot be encoded", "output")
-        return codec.encode_normalize(out)
-
-    timer = InferTimer()
-    with pytest.raises(InvalidInput):
-        staged(timer, decode, encode)()
-    assert list(timer.marks) == marked
-    assert timer.model == (None if failing == "decode" else ("layernorm", "1"))
 
 
 # ---- over HTTP: a server that admits one inference at a time, for at most 0.5 s -------------------------

@@ -24,6 +24,10 @@ class InferTimer:
         self.shape: tuple[int, ...] | None = None  # the input tensor's, once decoded: for the trace
         tracing.note_timer(self)  # the request's trace (if any) draws its stage spans from these marks
 
+    def restart(self) -> None:
+        """The request is in memory: its clock starts now (a body that failed to arrive counted from before)."""
+        self.start = time.perf_counter_ns()
+
     def mark(self, stage: str) -> None:
         """The end of a stage (one of STAGES); each stage starts where the previous one ended."""
         self.marks[stage] = time.perf_counter_ns()

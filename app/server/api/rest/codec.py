@@ -143,6 +143,41 @@ def encode_encode(squeeze: bool, out: EncodeOutput) -> bytes:
     return dumps(doc)
 
 
+class RestCodec:
+    """A REST request for Worker.serve (app/server/pipeline.py's Codec): one per request, its `model` once
+    the body names it."""
+
+    def __init__(self, lookup: Resolve, settings: Settings) -> None:
+        self.lookup = lookup  # the Worker's: 404 for an unknown model, 503 while the models are loading
+        self.settings = settings
+        self.model: Model | None = None
+
+    def size(self, body: bytes | bytearray) -> int:
+        return len(body)
+
+    def resolve(self, name: str, version: int | str | None) -> Model:
+        """The serving model a body names; the request, even one that then fails to decode, counts for it."""
+        self.model = self.lookup(name, version)
+        return self.model
+
+
+class NormalizeCodec(RestCodec):
+    def decode(self, body: bytes | bytearray) -> tuple[Model, NormalizeInput, None]:
+        model, req = decode_normalize(body, self.settings, self.resolve)
+        return model, req, None
+
+    def encode(self, wire: None, result: NormalizeOutput) -> bytes:
+        return encode_normalize(result)
+
+
+class EncodeCodec(RestCodec):
+    def decode(self, body: bytes | bytearray) -> tuple[Model, EncodeInput, bool]:
+        return decode_encode(body, self.settings, self.resolve)  # bool: answer [seq, d_model] without batch
+
+    def encode(self, wire: bool, result: EncodeOutput) -> bytes:
+        return encode_encode(wire, result)
+
+
 class _Scan:
     """What the codec still asks of a body once its tensors are parsed: a fast-path body is scanned then emptied
     (the route holds it no longer), before the float64 buffers exist."""

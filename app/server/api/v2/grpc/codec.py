@@ -30,6 +30,27 @@ RAW = "raw_input_contents"
 FINAL_RESPONSE = "triton_final_response"
 
 
+class InferCodec:
+    """A ModelInferRequest for Worker.serve (app/server/pipeline.py's Codec): the model it names, its size as
+    it came in, and whether its answer is a stream's (marked final, as Triton marks it)."""
+
+    def __init__(self, model: Model, settings: Settings, bytes_in: int, final: bool) -> None:
+        self.model = model
+        self.settings = settings
+        self.bytes_in = bytes_in
+        self.final = final
+
+    def size(self, request: Any) -> int:
+        return self.bytes_in
+
+    def decode(self, request: Any) -> tuple[Model, Any, InferRequest]:
+        req = decode(request, self.model, self.settings)
+        return self.model, req.input, req
+
+    def encode(self, wire: InferRequest, result: Any) -> Encoded:
+        return encode(self.model, wire, result, final=self.final)
+
+
 def parameter_values(params: Mapping[str, Any]) -> dict[str, Any]:
     """map<string, InferParameter> -> {name: the value of its oneof} (None when none is set)."""
     return {name: _value(p) for name, p in params.items()}

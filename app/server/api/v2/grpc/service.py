@@ -4,7 +4,7 @@ Each RPC is a method of that name taking (request, context, call); app/server/ap
 registers them from the service's descriptor, wrapped by app/server/api/v2/grpc/calls.py (statuses,
 metrics, the log line); RPCs with no method here answer UNIMPLEMENTED. The codec reads and
 writes the messages, the model's kind turns tensors into the data plane's input and back, and
-Worker.infer runs it with admission, the timeout (or the client's shorter deadline) and statistics.
+Worker.serve runs it with admission, the timeout (or the client's shorter deadline) and statistics.
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ from app.server.api.v2 import rules
 from app.server.api.v2.grpc import calls, codec, messages, wire
 from app.server.api.v2.grpc.calls import Call
 from app.server.api.v2.grpc.tracelog import TraceLogRPCs
-from app.server.api.v2.rules import InferRequest
-from app.server.telemetry.timer import InferTimer
-from app.server.worker import INLINE_BODY_BYTES, Worker, staged
+from app.server.worker import Worker, arrived
 
 SERVICE = "inference.GRPCInferenceService"
 # Requests of one stream computed at once; the stream's reader waits past it (grpc's flow control pushes back).
@@ -184,17 +182,8 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
         self, request: Any, context: Any, call: Call, stream: bool = False, counted: bool = False
     ) -> wire.Encoded:
         model = self._model(request.model_name, request.model_version, call)
-        timer = InferTimer()  # the request is in memory: grpc has read and parsed it
-        timer.model = (model.name, model.version)
-        settings = self.worker.settings
-
-        def decode() -> tuple[Model, object, InferRequest]:
-            req = codec.decode(request, model, settings)
-            return model, req.input, req
-
-        job = staged(timer, decode, lambda req, result: codec.encode(model, req, result, final=stream))
-        inline = call.bytes_in <= INLINE_BODY_BYTES and getattr(model, "batcher", None) is None  # no thread hop
+        infer = codec.InferCodec(model, self.worker.settings, call.bytes_in, final=stream)
         # A stream's message: grpc has buffered it, counted at once (budget.py) while it is computed.
         async with self.worker.budget.hold(0 if counted else call.bytes_in):
             await budget.trim_heap(call.bytes_in)
-            return await self.worker.infer(timer, job, inline=inline, deadline_s=context.time_remaining())
+            return await self.worker.serve(infer, arrived(request), deadline_s=context.time_remaining())

@@ -27,7 +27,7 @@ from app.settings import Settings
 HEADER_LENGTH = "Inference-Header-Content-Length"
 # model_name and model_version: KServe's InferenceRESTClient sends them in the body, beside the URL's.
 REQUEST_FIELDS = ("id", "model_name", "model_version", "parameters", "inputs", "outputs")
-__all__ = ["FIELDS", "HEADER_LENGTH", "EncodedResponse", "InferRequest", "decode", "encode"]
+__all__ = ["FIELDS", "HEADER_LENGTH", "EncodedResponse", "InferCodec", "InferRequest", "decode", "encode"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,27 @@ class EncodedResponse:
     @property
     def length(self) -> int:
         return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in self.parts)
+
+
+class InferCodec:
+    """An infer request for Worker.serve (app/server/pipeline.py's Codec): the URL's model, and the headers
+    that shape its body (the binary header's length) and its answer (Accept-Encoding)."""
+
+    def __init__(self, model: Model, settings: Settings, header_length: str | None, accept: str | None) -> None:
+        self.model = model
+        self.settings = settings
+        self.header_length = header_length
+        self.accept = accept
+
+    def size(self, body: bytearray) -> int:
+        return len(body)
+
+    def decode(self, body: bytearray) -> tuple[Model, Any, InferRequest]:
+        req = decode(body, self.header_length, self.model, self.settings)
+        return self.model, req.input, req
+
+    def encode(self, wire: InferRequest, result: Any) -> EncodedResponse:
+        return encode(self.model, wire, result, self.accept)
 
 
 def decode(body: bytearray, header_length: str | None, model: Model, settings: Settings) -> InferRequest:

@@ -19,12 +19,12 @@ from app.core.repository import check_name
 from app.core.runtime import State
 from app.core.tensors import loads
 from app.errors import InvalidInput, shown
-from app.server.api import openapi
 from app.server.api.admin import check_token
 from app.server.api.body import read_body
 from app.server.api.direct import DirectRoute
 from app.server.api.responses import json_response
 from app.server.api.v2 import config
+from app.server.api.v2.http import openapi
 from app.server.worker import Worker
 
 router = APIRouter(tags=["v2 repository"], route_class=DirectRoute)

@@ -15,14 +15,12 @@ from starlette.responses import Response, StreamingResponse
 from app import __version__
 from app.core.model import Model
 from app.errors import ExtensionNotSupported
-from app.server.api import openapi
 from app.server.api.body import read_body
 from app.server.api.direct import DirectRoute
 from app.server.api.responses import json_response, readiness
 from app.server.api.v2 import rules
-from app.server.api.v2.http import codec
-from app.server.telemetry.timer import InferTimer
-from app.server.worker import INLINE_BODY_BYTES, Worker, staged
+from app.server.api.v2.http import codec, openapi
+from app.server.worker import Worker
 
 router = APIRouter(tags=["v2"], route_class=DirectRoute)  # no dependency solving
 
@@ -111,27 +109,9 @@ async def cuda_shared_memory(path: str) -> Response:
 
 
 async def _infer(request: Request, worker: Worker, model: Model) -> Response:
-    timer = InferTimer()
-    timer.model = (model.name, model.version)  # a body that fails to arrive counts as a failure too
-    try:
-        body = await read_body(request, worker.settings)
-    except Exception:
-        worker.statistics.record_failure(model.name, model.version, timer)
-        raise
-    timer = InferTimer()  # the clock starts once the body is in memory, as Triton's does
-    timer.model = (model.name, model.version)
-    header_length = request.headers.get(codec.HEADER_LENGTH)
-    accept = request.headers.get("accept-encoding")
-    inline = len(body) <= INLINE_BODY_BYTES and getattr(model, "batcher", None) is None  # no thread hop
-    held = [body]  # the body goes once decoded, before the data plane and the answer (see rest/routes.py)
-    del body
-
-    def decode() -> tuple[Model, object, codec.InferRequest]:
-        req = codec.decode(held.pop(), header_length, model, worker.settings)
-        return model, req.input, req
-
-    job = staged(timer, decode, lambda req, result: codec.encode(model, req, result, accept))
-    return _response(await worker.infer(timer, job, inline=inline))
+    headers = request.headers
+    infer = codec.InferCodec(model, worker.settings, headers.get(codec.HEADER_LENGTH), headers.get("accept-encoding"))
+    return _response(await worker.serve(infer, read_body(request, worker.settings)))
 
 
 def _response(out: codec.EncodedResponse) -> Response:

@@ -1,0 +1,126 @@
+"""app/server/pipeline.py: a request's stages, each timed (Job), and where Worker.serve runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.core.dataplane import EncodeInput, NormalizeInput, NormalizeOutput
+from app.core.model import Model
+from app.core.seeds import SEED003
+from app.errors import InvalidInput
+from app.server.api.rest import codec
+from app.server.pipeline import Job
+from app.server.telemetry.timer import STAGES, InferTimer
+from app.server.worker import INLINE_BODY_BYTES, Worker, arrived
+from app.settings import Settings
+from tests.live_server import MODELS
+from tests.server.stages import Stages
+
+
+@pytest.fixture(scope="module")
+def ready_worker() -> Worker:
+    """A worker on the repo's models, with the default dynamic batching (the encoders have a batcher)."""
+    worker = Worker(Settings(model_dir=MODELS))
+    worker.start()
+    assert worker.admission.ready, worker.admission.not_ready_reason
+    return worker
+
+
+def test_a_job_marks_the_four_stages_in_order_and_names_the_model(ready_worker: Worker) -> None:
+    model = ready_worker.model("layernorm")
+    timer = InferTimer()
+
+    def encode(wire: str, out: NormalizeOutput) -> tuple[str, tuple[int, ...]]:
+        return wire, out.output.shape
+
+    job = Job(timer, Stages(lambda _: (model, NormalizeInput(np.array(SEED003.x)), "wire"), encode), b"")
+    assert timer.marks == {} and timer.model is None  # nothing runs before the job does
+    assert job() == ("wire", (2, 3))  # encode gets what decode kept for it and the model's result
+    assert list(timer.marks) == list(STAGES)
+    assert [timer.marks[stage] for stage in STAGES] == sorted(timer.marks.values())
+    assert timer.model == ("layernorm", "1")
+
+
+@pytest.mark.parametrize(
+    ("failing", "marked"),
+    [
+        ("decode", ["queue"]),
+        ("infer", ["queue", "compute_input"]),
+        ("encode", ["queue", "compute_input", "compute_infer"]),
+    ],
+)
+def test_a_job_marks_only_the_stages_before_the_one_that_raised(
+    ready_worker: Worker, failing: str, marked: list[str]
+) -> None:
+    model = ready_worker.model("layernorm")
+    huge = np.full(2, 3e38, np.float32)  # gamma and beta whose output overflows float32: the model refuses it
+    x = np.array([[0.0, 1.0]])
+    request = NormalizeInput(x, gamma=huge, beta=huge) if failing == "infer" else NormalizeInput(x)
+
+    def decode(_: bytes) -> tuple[Model, NormalizeInput, None]:
+        if failing == "decode":
+            raise InvalidInput("not valid JSON", "body")
+        return model, request, None
+
+    def encode(_: None, out: NormalizeOutput) -> bytes:
+        if failing == "encode":
+            raise InvalidInput("cannot be encoded", "output")
+        return codec.encode_normalize(out)
+
+    timer = InferTimer()
+    with pytest.raises(InvalidInput):
+        Job(timer, Stages(decode, encode), b"")()
+    assert list(timer.marks) == marked
+    assert timer.model == (None if failing == "decode" else ("layernorm", "1"))
+
+
+def test_a_job_drops_its_body_once_decoded(ready_worker: Worker) -> None:
+    model = ready_worker.model("layernorm")
+    seen: list[int] = []
+
+    def decode(body: bytearray) -> tuple[Model, NormalizeInput, None]:
+        seen.append(len(job._held))  # the body is the codec's alone while it decodes
+        return model, NormalizeInput(np.array(SEED003.x)), None
+
+    job = Job(InferTimer(), Stages(decode), bytearray(b"{}"))
+    job()
+    assert seen == [0] and job._held == []
+
+
+@pytest.mark.parametrize(
+    ("name", "size", "decoded_on_the_loop", "inferred_on_the_loop"),
+    [
+        ("layernorm", INLINE_BODY_BYTES, True, True),
+        ("encoder", INLINE_BODY_BYTES, True, False),  # a batcher blocks its caller while the batch gathers
+        ("layernorm", INLINE_BODY_BYTES + 1, False, False),
+    ],
+    ids=["tiny", "tiny-batched", "large"],
+)
+def test_serve_decodes_a_tiny_body_on_the_event_loop_and_infers_there_unless_its_model_batches(
+    ready_worker: Worker, name: str, size: int, decoded_on_the_loop: bool, inferred_on_the_loop: bool
+) -> None:
+    model = ready_worker.model(name)
+    x = np.array(SEED003.x) if name == "layernorm" else np.zeros((1, 2, 128), np.float32)
+    request: Any = NormalizeInput(x) if name == "layernorm" else EncodeInput(x, None, model.limits)  # type: ignore[attr-defined]
+    threads: dict[str, int] = {}
+
+    def decode(_: bytes) -> tuple[Model, Any, None]:
+        threads["decode"] = threading.get_ident()
+        return model, request, None
+
+    def encode(_: None, out: Any) -> str:
+        threads["encode"] = threading.get_ident()
+        return "answered"
+
+    async def scenario() -> tuple[str, int]:
+        answer = await ready_worker.serve(Stages(decode, encode, model, size), arrived(b""))
+        return answer, threading.get_ident()
+
+    answer, loop = asyncio.run(scenario())
+    assert answer == "answered" and ready_worker.admission.count() == 0
+    assert (threads["decode"] == loop, threads["encode"] == loop) == (decoded_on_the_loop, inferred_on_the_loop)
