@@ -8,7 +8,7 @@ imports it, directly or not, and is not imported by it: a callback into a higher
 calling a route's closure (a coroutine resumed is no call).
 
     python scripts/walk.py                   # this checkout
-    python scripts/walk.py --root /work/main # another one, e.g. before a change
+    python scripts/walk.py --root ../before  # another checkout, e.g. before a change
 """
 
 from __future__ import annotations
