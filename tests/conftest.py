@@ -39,7 +39,7 @@ def client(server: str) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="session")
 def live_grpc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
-    """A real server with gRPC on, its admin token ADMIN_TOKEN (tests/server/api/grpc/live.py), logs at info."""
+    """A real server with gRPC on, its admin token ADMIN_TOKEN (tests/server/api/v2/grpc/live.py), logs at info."""
     with grpc_server(tmp_path_factory.mktemp("grpc"), {"NORMSERVE_ADMIN_TOKEN": ADMIN_TOKEN}) as server:
         yield server
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from app.core.halfprecision import HALF_DTYPES, finfo, widen
 from app.errors import InvalidInput, MalformedBody
 
 # KServe V2 / Triton datatype names and their little-endian NumPy dtypes.
@@ -27,6 +28,7 @@ DATATYPES: dict[str, np.dtype[Any]] = {
     "INT32": np.dtype("<i4"),
     "INT64": np.dtype("<i8"),
     "FP16": np.dtype("<f2"),
+    "BF16": HALF_DTYPES["BF16"],
     "FP32": np.dtype("<f4"),
     "FP64": np.dtype("<f8"),
 }
@@ -93,19 +95,22 @@ def decode_json_tensor(
 def to_finite_float(arr: np.ndarray, field: str) -> np.ndarray:
     """Cast to float32 (no copy when it already is) and refuse any element outside float32's finite range."""
     with np.errstate(over="ignore", invalid="ignore"):
-        out = np.asarray(arr, dtype=np.float32)
+        out = widen(arr) if arr.dtype in HALF_DTYPES.values() else np.asarray(arr, dtype=np.float32)
         # min and max carry any NaN or inf out: no temporaries the size of the tensor unless one is bad.
         if -FLOAT32_MAX <= out.min() and out.max() <= FLOAT32_MAX:
             return out
         bad = ~np.isfinite(out)
     index = [int(i) for i in np.argwhere(bad)[0]]
     value = arr[tuple(index)]
-    raise InvalidInput(f"element {index} = {value} is outside float32's finite range (|x| <= {FLOAT32_MAX:.7g})", field)
+    # A half-precision tensor's bad element is its own type's inf or nan: the message names that type.
+    half = arr.dtype in HALF_DTYPES.values()
+    name, top = (arr.dtype.name, float(finfo(arr.dtype).max)) if half else ("float32", FLOAT32_MAX)
+    raise InvalidInput(f"element {index} = {value} is outside {name}'s finite range (|x| <= {top:.7g})", field)
 
 
 def check_finite(arr: np.ndarray, field: str, datatype: str = "FP32") -> None:
     """Refuse a result that does not fit the datatype it is sent in (it overflowed): the one output check."""
-    limit = float(np.finfo(DATATYPES[datatype]).max)
+    limit = float(finfo(DATATYPES[datatype]).max)
     # NaN propagates through min and max and fails both comparisons; no temporary the size of the output.
     if not (-limit <= float(arr.min()) and float(arr.max()) <= limit):
         hint = "scale the input or gamma down, or use a larger eps"
@@ -151,7 +156,10 @@ def decode_binary(
 def binary_view(arr: np.ndarray) -> memoryview:
     """An array as raw little-endian row-major bytes: a view, no copy when it is little-endian and contiguous."""
     dt = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
-    return np.ascontiguousarray(arr, dtype=dt).data.cast("B")
+    out = np.ascontiguousarray(arr, dtype=dt)
+    if out.dtype == HALF_DTYPES["BF16"]:  # ml_dtypes' types have no buffer format: their bits as uint16
+        out = out.view(np.uint16)
+    return out.data.cast("B")
 
 
 def _check_depth(value: Any, field: str, max_depth: int) -> None:

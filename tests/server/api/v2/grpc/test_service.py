@@ -130,6 +130,8 @@ def test_model_config_is_tritons_with_the_models_tensors(
     assert got_inputs == [(s.name, types[s.datatypes[0]], list(s.shape), s.optional) for s in m.inputs]
     got_outputs = [(o.name, tg.model_config_pb2.DataType.Name(o.data_type), list(o.dims)) for o in config.output]
     assert got_outputs == [(s.name, types[s.datatypes[0]], list(s.shape)) for s in m.outputs]
+    # data_type holds one datatype; the others every TYPE_FP32 tensor takes are listed, as over HTTP.
+    assert config.parameters["datatypes"].string_value == "FP32,FP64,FP16,BF16"
 
 
 def test_repository_index_lists_every_model_ready(triton: tg.InferenceServerClient) -> None:
@@ -340,7 +342,7 @@ X23 = np.array([[0.2, 0.1, 0.3], [0.5, 0.1, 0.1]], np.float32)
 NAN = np.array([[1.0, np.nan, 2.0]], np.float32)
 ERRORS = [
     pytest.param("gpt", [("input", X23)], {}, None, "StatusCode.NOT_FOUND", "model: unknown model 'gpt'; available: encoder, encoder-preln, layernorm", id="unknown-model"),
-    pytest.param("layernorm", [("input", X23)], {}, "INT32", "StatusCode.INVALID_ARGUMENT", "inputs.input: datatype 'INT32' is not supported; expected FP32 or FP64", id="datatype"),
+    pytest.param("layernorm", [("input", X23)], {}, "INT32", "StatusCode.INVALID_ARGUMENT", "inputs.input: datatype 'INT32' is not supported; expected FP32, FP64, FP16 or BF16", id="datatype"),
     pytest.param("layernorm", [("x", X23)], {}, None, "StatusCode.INVALID_ARGUMENT", "inputs.x: unknown input for model 'layernorm'; expected input, gamma, beta", id="input-name"),
     pytest.param("layernorm", [("gamma", X23[0])], {}, None, "StatusCode.INVALID_ARGUMENT", "inputs.input: required input missing for model 'layernorm'", id="missing-input"),
     pytest.param("layernorm", [("input", X23), ("gamma", X23[0, :2])], {}, None, "StatusCode.INVALID_ARGUMENT", "inputs.gamma: shape [2] does not match the normalized dims of inputs.input, [3]", id="gamma-shape"),
