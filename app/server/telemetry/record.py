@@ -49,7 +49,7 @@ def incoming(pairs: Iterable[tuple[K, V]], keys: tuple[K, K, K]) -> tuple[V | No
     return request_id, parent, state
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Http:
     """How an HTTP request was answered: route is its template (metrics.UNMATCHED off any route), path has no query."""
 
@@ -78,7 +78,7 @@ class Http:
         return f"{self.method} {self.route}", attributes, str(self.status) if self.status >= 500 else None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Grpc:
     """How a gRPC call (or one message of a stream) was answered: its status code as number and name (NOT_FOUND)."""
 
