@@ -8,7 +8,6 @@ themselves (size limits, 413 before the whole body is in memory), and the wrappe
 from __future__ import annotations
 
 import time
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -34,21 +33,13 @@ class RequestInfo(record.RequestRecord):
         return record.Http(method if method in _METHODS else "other", _route(self.scope), path, self.status)
 
 
-# The threadpool copies the context into the inference thread, so both see the same RequestInfo object.
-_current: ContextVar[RequestInfo | None] = ContextVar("normserve_request", default=None)
-
-
 def request_id(scope: Scope) -> str | None:
     """The id of the request being served, for responses built outside this middleware (unexpected 500s)."""
     value = scope.get("state", {}).get("request_id")
     return value if isinstance(value, str) else None
 
 
-def note_model(model: str) -> None:
-    """Name the model on the current request's log line; called wherever a request picks its model."""
-    info = _current.get()
-    if info is not None:
-        info.model = model
+note_model = record.note_model  # the Worker's and the REST routes' name for it, from before gRPC shared the record
 
 
 def _latin1(value: bytes | None) -> str | None:
@@ -100,9 +91,9 @@ class ObservabilityMiddleware:
                 info.bytes_out += len(message.get("body", b""))
             await send(message)
 
-        token = _current.set(info)
+        token = record.enter(info)
         try:
             await self.app(scope, receive_counted, send_tagged)
         finally:
-            _current.reset(token)
+            record.leave(token)
             info.finish()

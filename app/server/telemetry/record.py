@@ -6,6 +6,9 @@ answer() how the request was answered in its own terms, as plain data: Http (met
 status) or Grpc (service, method, status code). finish() then counts it, ends its trace and writes its one
 line, with the same fields for both: request_id, method, route, path, status (a gRPC code's number, with
 grpc_status its name), duration_ms, model, bytes_in, bytes_out, and trace_id and span_id with a trace.
+
+While it runs, the record is the current one of the task that serves it (enter()): wherever the request picks
+its model, note_model() names it, on the loop or in a worker thread, whichever the transport.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterable
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -108,6 +112,24 @@ class Grpc:
 
 
 Answer = Http | Grpc
+# The threadpool copies the context into the inference thread, so both see the same record.
+_current: ContextVar[RequestRecord | None] = ContextVar("normserve_request", default=None)
+
+
+def enter(record: RequestRecord) -> Token[RequestRecord | None]:
+    """Make record the current request of this task (and of the threads it hands work to)."""
+    return _current.set(record)
+
+
+def leave(token: Token[RequestRecord | None]) -> None:
+    _current.reset(token)
+
+
+def note_model(model: str) -> None:
+    """Name the model on the current request's record; called wherever a request picks its model."""
+    record = _current.get()
+    if record is not None:
+        record.model = model
 
 
 @dataclass(eq=False)

@@ -1,6 +1,7 @@
 """app/server/telemetry/record.py: one request record for HTTP and gRPC. Its log line (the same fields, in the same
 order, for both transports), its Prometheus request metrics, its server span's name and attributes, the trace ids a
-caller's traceparent puts in the line, and the one scan of headers or metadata for the id and the traceparent.
+caller's traceparent puts in the line, the one scan of headers or metadata for the id and the traceparent, and
+note_model naming the model of the request being served, HTTP or gRPC.
 
 Over real servers, the middleware's lines are tests/server/telemetry/test_observability.py's, gRPC's
 tests/server/api/v2/grpc/test_calls.py's, the spans tests/server/telemetry/test_tracing.py's.
@@ -11,13 +12,16 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
-from app.server.telemetry import logs, metrics, record, tracing
+from app.server.api.v2.grpc import calls
+from app.server.telemetry import logs, metrics, observability, record, tracing
 from tests.server.log_records import captured
 
 INFER = "inference.GRPCInferenceService"
@@ -244,3 +248,30 @@ def test_a_clients_id_is_kept_only_when_short_and_plain(sent: bytes | None, kept
         assert sent is not None and got == sent.decode()
     else:
         assert len(got) == 32 and int(got, 16) >= 0  # a new uuid4 hex
+
+
+@pytest.mark.parametrize(
+    "transport",
+    [
+        lambda rid: observability.RequestInfo(rid, scope={"method": "POST", "path": "/normalize"}),
+        lambda rid: calls.Call(INFER, "ModelInfer", rid),
+    ],
+    ids=["http", "grpc"],
+)
+def test_note_model_names_the_model_of_the_current_request_from_a_worker_thread(
+    transport: Callable[[str], record.RequestRecord],
+) -> None:
+    record.note_model("outside-any-request")  # no request is being served: noted nowhere
+    mine, other = transport("mine"), transport("other")
+
+    def serve(current: record.RequestRecord, model: str) -> None:
+        token = record.enter(current)
+        try:  # the threadpool copies the context into the inference thread, as anyio.to_thread does
+            with ThreadPoolExecutor(1) as pool:
+                pool.submit(contextvars.copy_context().run, record.note_model, model).result()
+        finally:
+            record.leave(token)
+
+    contextvars.copy_context().run(serve, mine, "layernorm")
+    contextvars.copy_context().run(serve, other, "encoder")
+    assert (mine.model, other.model) == ("layernorm", "encoder")

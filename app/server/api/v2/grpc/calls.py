@@ -212,6 +212,7 @@ def begin(service: str, method: str, context: Any, request: Any = None) -> Call:
     call = Call(service, method, _request_id(getattr(request, "id", "") or "", metadata_id))
     call.bytes_in = 0 if request is None else int(request.ByteSize())
     call.trace = tracing.start(parent if isinstance(parent, str) else None, state if isinstance(state, str) else None)
+    record.enter(call)  # each call, and each message of a stream, is served in a task of its own: no leave
     return call
 
 
