@@ -156,8 +156,8 @@ def _spans(tracer: api.Tracer, trace: Trace, name: str, attributes: dict[str, An
     if timer is not None and server.is_recording():
         inside = api.set_span_in_context(server)
         for stage, begin, end in timer.stages():
-            attributes = {"triton.stage": stage}
-            child = tracer.start_span(SPAN_NAMES[stage], inside, attributes=attributes, start_time=trace.wall(begin))
+            labels = {"triton.stage": stage}
+            child = tracer.start_span(SPAN_NAMES[stage], inside, attributes=labels, start_time=trace.wall(begin))
             child.end(end_time=trace.wall(end))
     if error is not None:
         server.set_status(api.Status(api.StatusCode.ERROR))
