@@ -1,5 +1,5 @@
-"""Per-request observability as pure ASGI middleware: X-Request-ID, Prometheus request metrics, the JSON log line,
-and the request's trace (app/server/telemetry/tracing.py).
+"""Per-request observability as pure ASGI middleware: X-Request-ID, then the request's record
+(app/server/telemetry/record.py: Prometheus request metrics, the JSON log line, the trace).
 
 Pure ASGI rather than BaseHTTPMiddleware, which buffers bodies: the routes read the raw stream
 themselves (size limits, 413 before the whole body is in memory), and the wrappers here only count.
@@ -7,37 +7,30 @@ themselves (size limits, 413 before the whole body is in memory), and the wrappe
 
 from __future__ import annotations
 
-import re
 import time
-import uuid
-from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.server.telemetry import logs, metrics, tracing
+from app.server.telemetry import metrics, record, tracing
 
 HEADER = "X-Request-ID"
 _HEADER_KEY = b"x-request-id"
-# An id the client sent is echoed into headers and logs only if it is short and plain.
-_SAFE_ID = re.compile(rb"[A-Za-z0-9._:/+=-]{1,128}")
+_INCOMING = (_HEADER_KEY, b"traceparent", b"tracestate")
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"})
 
 
-@dataclass
-class RequestInfo:
-    """What the log line learns while the request runs: the Worker names the model, on the loop or in a thread."""
+@dataclass(eq=False)
+class RequestInfo(record.RequestRecord):
+    """An HTTP request's record: the Worker names its model, on the loop or in a thread; the response its status."""
 
-    request_id: str
-    model: str | None = None
     status: int = 500  # until the response starts: an app that raises past every handler answered 500
-    bytes_in: int = 0
-    bytes_out: int = 0
-    trace: tracing.Trace | None = None  # with tracing on, or a valid traceparent in
+    scope: Scope = field(default_factory=dict, repr=False)
 
-
-# The threadpool copies the context into the inference thread, so both see the same RequestInfo object.
-_current: ContextVar[RequestInfo | None] = ContextVar("normserve_request", default=None)
+    def answer(self) -> record.Http:
+        method = self.scope["method"]
+        path = self.scope["path"][:256]  # without the query string, which may carry data
+        return record.Http(method if method in _METHODS else "other", _route(self.scope), path, self.status)
 
 
 def request_id(scope: Scope) -> str | None:
@@ -46,34 +39,11 @@ def request_id(scope: Scope) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def note_model(model: str) -> None:
-    """Name the model on the current request's log line; called wherever a request picks its model."""
-    info = _current.get()
-    if info is not None:
-        info.model = model
+note_model = record.note_model  # the Worker's and the REST routes' name for it, from before gRPC shared the record
 
 
-def request_id_from(value: bytes | None) -> str:
-    """The client's id if it is short and plain, else a new one (uuid4 hex): for HTTP headers and gRPC alike."""
-    return value.decode("ascii") if value is not None and _SAFE_ID.fullmatch(value) else uuid.uuid4().hex
-
-
-def _incoming_id(scope: Scope) -> str:
-    for key, value in scope["headers"]:
-        if key == _HEADER_KEY:
-            return request_id_from(value)
-    return uuid.uuid4().hex
-
-
-def _trace_headers(scope: Scope) -> tuple[str | None, str | None]:
-    """The W3C traceparent and tracestate headers (latin-1, as HTTP headers are)."""
-    parent = state = None
-    for key, value in scope["headers"]:
-        if key == b"traceparent":
-            parent = value.decode("latin-1")
-        elif key == b"tracestate":
-            state = value.decode("latin-1")
-    return parent, state
+def _latin1(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")  # as HTTP headers are
 
 
 def _route(scope: Scope) -> str:
@@ -102,8 +72,9 @@ class ObservabilityMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        info = RequestInfo(_incoming_id(scope))
-        info.trace = tracing.start(*_trace_headers(scope))
+        rid, parent, state = record.incoming(scope["headers"], _INCOMING)
+        trace = tracing.start(_latin1(parent), _latin1(state))
+        info = RequestInfo(record.request_id_from(rid), trace=trace, start=start, scope=scope)
         scope.setdefault("state", {})["request_id"] = info.request_id
         header = (_HEADER_KEY, info.request_id.encode("ascii"))
 
@@ -120,36 +91,9 @@ class ObservabilityMiddleware:
                 info.bytes_out += len(message.get("body", b""))
             await send(message)
 
-        token = _current.set(info)
+        token = record.enter(info)
         try:
             await self.app(scope, receive_counted, send_tagged)
         finally:
-            _current.reset(token)
-            _record(scope, info, time.perf_counter() - start)
-
-
-def _record(scope: Scope, info: RequestInfo, seconds: float) -> None:
-    """The request's metrics and its one JSON log line."""
-    method = scope["method"] if scope["method"] in _METHODS else "other"
-    route = _route(scope)
-    metrics.observe_request(method, route, info.status, seconds)
-    path = scope["path"][:256]  # without the query string, which may carry data
-    ids: dict[str, str] = {}
-    if info.trace is not None:
-        matched = None if route == metrics.UNMATCHED else route
-        ids = tracing.finish_http(info.trace, method, matched, path, info.status, info.request_id)
-    if logs.access_enabled():
-        logs.access(
-            {
-                "request_id": info.request_id,
-                "method": method,
-                "route": route,
-                "path": path,
-                "status": info.status,
-                "duration_ms": round(seconds * 1000, 3),
-                "model": info.model,
-                "bytes_in": info.bytes_in,
-                "bytes_out": info.bytes_out,
-                **ids,  # trace_id and span_id, when the request has a trace
-            }
-        )
+            record.leave(token)
+            info.finish()

@@ -36,13 +36,17 @@ class InferTimer:
         """The data plane's input, decoded: its tensor's shape goes on the request's trace."""
         self.shape = getattr(getattr(request, "x", None), "shape", None)  # NumPy's: already a tuple of ints
 
-    def durations(self) -> dict[str, int]:
-        out, prev = {}, self.start
+    def stages(self) -> list[tuple[str, int, int]]:
+        """(stage, start ns, end ns) of each stage marked, in order: for the statistics and the trace's spans."""
+        out, prev = [], self.start
         for stage in STAGES:
             if stage in self.marks:
-                out[stage] = self.marks[stage] - prev
+                out.append((stage, prev, self.marks[stage]))
                 prev = self.marks[stage]
         return out
+
+    def durations(self) -> dict[str, int]:
+        return {stage: end - begin for stage, begin, end in self.stages()}
 
     def elapsed(self) -> int:
         return time.perf_counter_ns() - self.start

@@ -32,15 +32,8 @@ if TYPE_CHECKING:
 
 # W3C Trace Context: version-trace_id-parent_id-flags; version ff is invalid, all-zero ids too.
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[^\s]*)?")
-# (span name, the InferTimer mark that ends it, Triton's name of the stage); each starts where the previous ended.
-STAGES = (
-    ("queue", "queue", "queue"),
-    ("decode", "compute_input", "compute_input"),
-    ("inference", "compute_infer", "compute_infer"),
-    ("encode", "compute_output", "compute_output"),
-)
-# gRPC codes that make a server span an error (OpenTelemetry's RPC conventions); HTTP: status >= 500.
-GRPC_ERRORS = frozenset({"UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"})
+# The span of each of the InferTimer's stages (Triton's names, its triton.stage attribute).
+SPAN_NAMES = {"queue": "queue", "compute_input": "decode", "compute_infer": "inference", "compute_output": "encode"}
 
 
 class Incoming(NamedTuple):
@@ -127,7 +120,8 @@ def note_timer(timer: InferTimer) -> None:
 def finish(trace: Trace | None, name: str, attributes: dict[str, Any], error: str | None) -> dict[str, str]:
     """Export the request's spans if it is sampled; the log line's trace_id and span_id (none without a trace).
 
-    error: the error.type of a failed request (its status), None when it succeeded."""
+    name, attributes, error: the server span's, in the request's transport's terms (app/server/telemetry/record.py);
+    error is the error.type of a failed request (its status), None when it succeeded."""
     if trace is None:
         return {}
     timer = trace.timer  # only inference requests have one: they alone count against trace_rate and trace_count
@@ -161,44 +155,11 @@ def _spans(tracer: api.Tracer, trace: Trace, name: str, attributes: dict[str, An
     server = tracer.start_span(name, _parent_context(trace.parent), kind, attributes, start_time=trace.wall_ns)
     if timer is not None and server.is_recording():
         inside = api.set_span_in_context(server)
-        begin = timer.start
-        for span_name, mark, stage in STAGES:
-            if mark not in timer.marks:
-                break
-            child = tracer.start_span(
-                span_name, inside, attributes={"triton.stage": stage}, start_time=trace.wall(begin)
-            )
-            child.end(end_time=trace.wall(timer.marks[mark]))
-            begin = timer.marks[mark]
+        for stage, begin, end in timer.stages():
+            labels = {"triton.stage": stage}
+            child = tracer.start_span(SPAN_NAMES[stage], inside, attributes=labels, start_time=trace.wall(begin))
+            child.end(end_time=trace.wall(end))
     if error is not None:
         server.set_status(api.Status(api.StatusCode.ERROR))
     server.end(end_time=trace.wall(time.perf_counter_ns()))
     return server
-
-
-def finish_http(
-    trace: Trace, method: str, route: str | None, path: str, status: int, request_id: str
-) -> dict[str, str]:
-    """An HTTP request's spans, named `POST /v2/models/{name}/infer` (the method alone off any route); 5xx: error."""
-    attributes: dict[str, Any] = {
-        "http.request.method": "_OTHER" if method == "other" else method,
-        "url.path": path,
-        "http.response.status_code": status,
-        "normserve.request_id": request_id,
-    }
-    if route is not None:
-        attributes["http.route"] = route
-    name = f"{method} {route}" if route is not None else method
-    return finish(trace, name, attributes, str(status) if status >= 500 else None)
-
-
-def finish_grpc(trace: Trace, service: str, method: str, code: tuple[int, str], request_id: str) -> dict[str, str]:
-    """A gRPC call's spans, named `inference.GRPCInferenceService/ModelInfer`; code is (number, name)."""
-    attributes: dict[str, Any] = {
-        "rpc.system": "grpc",
-        "rpc.service": service,
-        "rpc.method": method,
-        "rpc.grpc.status_code": code[0],
-        "normserve.request_id": request_id,
-    }
-    return finish(trace, f"{service}/{method}", attributes, code[1] if code[1] in GRPC_ERRORS else None)

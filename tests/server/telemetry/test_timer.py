@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,6 +20,17 @@ def test_durations_are_the_marked_stages_each_from_the_previous_mark(marked: tup
     assert list(durations) == [s for s in STAGES if s in marked]
     assert all(ns >= 0 for ns in durations.values())
     assert sum(durations.values()) == timer.marks[marked[-1]] - timer.start <= timer.elapsed()
+
+
+@pytest.mark.parametrize("marked", [STAGES, STAGES[:2], ()])
+def test_stages_run_end_to_end_from_the_start_to_the_last_mark(marked: tuple[str, ...]) -> None:
+    timer = InferTimer()
+    for stage in marked:
+        timer.mark(stage)
+    stages = timer.stages()
+    assert [stage for stage, _, _ in stages] == list(marked)
+    ends = [timer.start] + [timer.marks[stage] for stage in marked]
+    assert [(begin, end) for _, begin, end in stages] == list(itertools.pairwise(ends))
 
 
 @pytest.mark.parametrize(

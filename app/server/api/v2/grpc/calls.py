@@ -1,4 +1,4 @@
-"""One gRPC call: its request id, its errors as gRPC statuses, its metrics and its JSON log line.
+"""One gRPC call: its request id, its errors as gRPC statuses, and its record (metrics, the JSON log line, the trace).
 
 Errors map from the one status table (app/errors.py `status_for(exc, v2=True)`, the HTTP V2 status)
 on to gRPC codes, with HTTP's message text: 400 INVALID_ARGUMENT, 403 PERMISSION_DENIED, 404
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -35,10 +34,11 @@ from app.errors import (
 from app.server.api.errors import printable
 from app.server.api.v2.grpc import wire
 from app.server.budget import Budget
-from app.server.telemetry import logs, metrics, observability, tracing
+from app.server.telemetry import record, tracing
 
 log = logging.getLogger("normserve.errors")
 REQUEST_ID = "x-request-id"
+_INCOMING = (REQUEST_ID, "traceparent", "tracestate")
 CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     408: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -151,26 +151,40 @@ def retry_after(exc: BaseException) -> tuple[tuple[str, str], ...]:
     return (("retry-after", str(RETRY_AFTER_S)),) if isinstance(exc, (Overloaded, NotReady)) else ()
 
 
-def incoming_id(context: Any, request_id: str = "") -> str:
+def _metadata(context: Any) -> tuple[Any, Any, Any]:
+    """The request id, traceparent and tracestate metadata (record.incoming's one scan)."""
+    return record.incoming(((m.key, m.value) for m in context.invocation_metadata() or ()), _INCOMING)
+
+
+def _request_id(request_id: str, metadata_id: Any) -> str:
     if request_id:
-        return observability.request_id_from(request_id.encode("utf-8", "replace"))
-    value = next((m.value for m in context.invocation_metadata() or () if m.key == REQUEST_ID), None)
-    return observability.request_id_from(value.encode("utf-8", "replace") if isinstance(value, str) else value)
+        return record.request_id_from(request_id.encode("utf-8", "replace"))
+    value = metadata_id.encode("utf-8", "replace") if isinstance(metadata_id, str) else metadata_id
+    return record.request_id_from(value)
 
 
-@dataclass
-class Call:
-    """What the metrics and the log line learn of one call (or one message of a stream) while it runs."""
+def incoming_id(context: Any, request_id: str = "") -> str:
+    """The request's id when it has one, else the x-request-id metadata (plain and short), else a new one."""
+    return _request_id(request_id, _metadata(context)[0])
 
-    service: str
-    method: str
-    request_id: str
-    model: str = ""  # a loaded model's name, once the request has named one that exists
-    code: grpc.StatusCode = grpc.StatusCode.OK
-    bytes_in: int = 0
-    bytes_out: int = 0
-    start: float = field(default_factory=time.perf_counter)
-    trace: tracing.Trace | None = None  # with tracing on, or a valid traceparent in
+
+class Call(record.RequestRecord):
+    """One call (or one message of a stream): its record, with the RPC it is and its status code."""
+
+    def __init__(
+        self,
+        service: str,
+        method: str,
+        request_id: str,
+        model: str = "",  # a loaded model's name, once the request has named one that exists
+        code: grpc.StatusCode = grpc.StatusCode.OK,
+        bytes_in: int = 0,
+    ) -> None:
+        super().__init__(request_id, model, bytes_in)
+        self.service, self.method, self.code = service, method, code
+
+    def answer(self) -> record.Grpc:
+        return record.Grpc(self.service, self.method, self.code.value[0], self.code.name)
 
     def failed(self, exc: BaseException, context: Any) -> str | None:
         """Record an error's status; the message to abort with, or None for a cancelled call (nothing to send)."""
@@ -192,47 +206,14 @@ class Call:
             return "internal error"
         return None
 
-    def finish(self) -> None:
-        seconds = time.perf_counter() - self.start
-        metrics.observe_grpc(self.service, self.method, self.model, self.code.name, seconds)
-        ids: dict[str, str] = {}
-        if self.trace is not None:
-            code = (self.code.value[0], self.code.name)
-            ids = tracing.finish_grpc(self.trace, self.service, self.method, code, self.request_id)
-        if logs.access_enabled():
-            route = f"/{self.service}/{self.method}"
-            logs.access(
-                {
-                    "request_id": self.request_id,
-                    "method": "GRPC",
-                    "route": route,
-                    "path": route,
-                    "status": self.code.value[0],
-                    "grpc_status": self.code.name,
-                    "duration_ms": round(seconds * 1000, 3),
-                    "model": self.model or None,
-                    "bytes_in": self.bytes_in,
-                    "bytes_out": self.bytes_out,
-                    **ids,  # trace_id and span_id, when the call has a trace
-                }
-            )
-
 
 def begin(service: str, method: str, context: Any, request: Any = None) -> Call:
-    call = Call(service, method, incoming_id(context, getattr(request, "id", "") or ""))
+    metadata_id, parent, state = _metadata(context)
+    call = Call(service, method, _request_id(getattr(request, "id", "") or "", metadata_id))
     call.bytes_in = 0 if request is None else int(request.ByteSize())
-    call.trace = tracing.start(*_trace_metadata(context))
+    call.trace = tracing.start(parent if isinstance(parent, str) else None, state if isinstance(state, str) else None)
+    record.enter(call)  # each call, and each message of a stream, is served in a task of its own: no leave
     return call
-
-
-def _trace_metadata(context: Any) -> tuple[str | None, str | None]:
-    parent = state = None
-    for entry in context.invocation_metadata() or ():
-        if entry.key == "traceparent":
-            parent = entry.value
-        elif entry.key == "tracestate":
-            state = entry.value
-    return parent if isinstance(parent, str) else None, state if isinstance(state, str) else None
 
 
 def unary(service: str, method: str, fn: Unary) -> Callable[[Any, Any], Awaitable[Any]]:
