@@ -160,18 +160,19 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
         """One message of a stream, logged and counted as its own call; an error becomes its error_message."""
         call = calls.begin(SERVICE, "ModelStreamInfer", context, request)
         try:
-            answer = await self._infer(calls.decoded(request), context, call, stream=True)
-        except BaseException as exc:
-            message = call.failed(exc, context)
-            if message is None:
-                raise
-            failed = pb.ModelInferResponse(id=request.id)  # as Triton: the id tells the client which request failed
-            failed.parameters[codec.FINAL_RESPONSE].bool_param = True
-            answer = pb.ModelStreamInferResponse(error_message=message, infer_response=failed)
+            try:
+                answer = await self._infer(calls.decoded(request), context, call, stream=True)
+            except BaseException as exc:
+                message = call.failed(exc, context)
+                if message is None:
+                    raise
+                failed = pb.ModelInferResponse(id=request.id)  # as Triton: the id tells which request failed
+                failed.parameters[codec.FINAL_RESPONSE].bool_param = True
+                answer = pb.ModelStreamInferResponse(error_message=message, infer_response=failed)
+            call.bytes_out = wire.size(answer)  # before finish(): the log line carries it
+            return answer
         finally:
             call.finish()
-        call.bytes_out = wire.size(answer)
-        return answer
 
     def _model(self, name: str, version: str, call: Call) -> Model:
         model = self.worker.model(name, version or None)  # an empty version is the latest, as in Triton

@@ -462,6 +462,22 @@ def test_the_log_line_carries_the_request_id(
     assert line["bytes_in"] > X23.nbytes and line["bytes_out"] > 3 * X23.nbytes
 
 
+def test_a_stream_messages_log_line_counts_the_bytes_of_its_answer(
+    triton: tg.InferenceServerClient, live_grpc: GrpcServer
+) -> None:
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    triton.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        triton.async_stream_infer("layernorm", grpc_inputs([("input", X23)]), request_id="streamed")
+        result, error = answers.get(timeout=30)
+    finally:
+        triton.stop_stream()
+    assert error is None and result.get_response().id == "streamed"
+    line = live_grpc.request_line("streamed")
+    assert (line["route"], line["grpc_status"]) == ("/inference.GRPCInferenceService/ModelStreamInfer", "OK")
+    assert line["bytes_out"] > 3 * X23.nbytes
+
+
 def test_metrics_count_calls_by_method_model_and_code(triton: tg.InferenceServerClient, live_grpc: GrpcServer) -> None:
     service = "inference.GRPCInferenceService"
     counted = {
