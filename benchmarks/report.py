@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.inprocess import TORCH, shape_label
-from benchmarks.targets import COLUMNS, evaluate
+from benchmarks.targets import COLUMNS, evaluate, half_pairs, tensor_mb
 
 
 def _ms(seconds: float) -> str:
@@ -131,7 +131,27 @@ def _sections(results: dict[str, Any]) -> list[str]:
         ]
         out += _floors(results)
     out += _http(results)
+    out += _half(results)
     return out
+
+
+def _half(results: dict[str, Any]) -> list[str]:
+    """normserve's V2 binary FP32 and FP16 rows of section 3 side by side, per byte of tensor moved."""
+    rows = []
+    for cell in (c for pair in half_pairs(results) for c in pair):
+        mb = tensor_mb(cell)
+        dtype = "FP16" if cell["protocol"] != "V2 binary" else "FP32"
+        per = [f"{mb:.2f}", f"{cell['rps'] * mb:.0f}", f"{cell['p50_ms'] / mb:.3g}"]
+        rows.append([shape_label(cell["shape"]), dtype, cell["concurrency"], f"{cell['rps']:.1f}", *per])
+    if not rows:
+        return []
+    return [
+        "### Half precision: V2 binary FP16 beside FP32, per byte moved\n",
+        "The same rows as section 3's normserve V2 binary rows (the FP16 request is the FP32 sample rounded to "
+        "FP16, answered in FP16 and checked within one FP16 ulp of float64 LayerNorm before it is timed). Bytes "
+        "moved: the input tensor in and the output tensor back.\n",
+        _table(["shape", "datatype", "concurrency", "req/s", "tensor MB per request", "MB/s", "p50 ms per MB"], rows),
+    ]
 
 
 def _floors(results: dict[str, Any]) -> list[str]:

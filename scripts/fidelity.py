@@ -1,4 +1,5 @@
-"""Fidelity of float32 LayerNorm against float64 math: torch, plain onnxruntime and normserve (docs/fidelity.md)."""
+"""Fidelity of float32, FP16 and BF16 LayerNorm against float64 math: torch, plain onnxruntime and normserve
+(docs/fidelity.md)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ import numpy as np
 
 # Run as a file (python scripts/fidelity.py) the repository root is not on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling fidelity_half, when loaded from elsewhere
+
+import fidelity_half
 
 from app.core import reference
 from app.core.conditioning import REFINE_TOL, condition_rows, refine_rows
@@ -214,7 +218,8 @@ def time_both(model_dir: Path, shape: Sequence[int], repeats: int) -> list[tuple
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Compute the fidelity table and timing, write fidelity.md and fidelity.png; 1 if normserve misses its bound."""
+    """Compute the fidelity tables and timing, write fidelity.md and fidelity.png; 1 if normserve misses a bound
+    (float32: error / bound above 1; FP16 and BF16: more than 1 ulp)."""
     p = argparse.ArgumentParser(prog="fidelity", description=__doc__)
     p.add_argument("--models", type=Path, default=ROOT / "models", help="folder with layernorm.onnx and manifest.json")
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs", help="where fidelity.md and fidelity.png go")
@@ -230,11 +235,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = run_grid(runtime, shape, CASES)
     print(f"fidelity: timing {timing_shape}, {args.repeats} runs per path", file=sys.stderr)
     timing = time_both(args.models, timing_shape, args.repeats)
+    print(f"fidelity: FP16 and BF16 grids of {shape}", file=sys.stderr)
+    with one_torch_thread():
+        half = fidelity_half.run_grid(runtime, shape)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     write_plot(table, args.out_dir / "fidelity.png")
     worst = write_markdown(table, timing, shape, timing_shape, args.repeats, args.out_dir / "fidelity.md")
-    print(f"fidelity: normserve worst error / bound {worst:.3g}; wrote {args.out_dir}/fidelity.md", file=sys.stderr)
-    return 0 if worst <= 1.0 else 1
+    half_worst = fidelity_half.write_markdown(half, shape, time.strftime("%Y-%m-%d"), args.out_dir / "fidelity.md")
+    print(f"fidelity: normserve worst error / bound {worst:.3g}, worst half ulps {half_worst:.3g}", file=sys.stderr)
+    return 0 if worst <= 1.0 and half_worst <= 1.0 else 1
 
 
 def environment() -> dict[str, str]:
