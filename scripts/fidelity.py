@@ -328,6 +328,33 @@ def worst(table: dict[Any, Any], impl: str, case: tuple[str, int, bool] | None =
     return err, ratio, where
 
 
+def case_lines(table: dict[Any, Any]) -> list[str]:
+    """normserve on every case of the grid: its worst error, error / bound, and that without refinement."""
+    lines = ["| eps_mode | k | gamma, beta | max abs error | error / bound | without refinement |", "|---" * 6 + "|"]
+    for case in CASES:
+        e, r, _ = worst(table, "normserve", case)
+        lines.append(
+            f"| {case[0]} | {case[1]} | {'yes' if case[2] else 'no'} | {e:.2g} | {r:.3f} | "
+            f"{worst(table, 'unrefined', case)[1]:.3f} |"
+        )
+    return lines
+
+
+def cost_lines(timing: list[tuple[str, dict[str, float]]], timing_shape: Sequence[int], repeats: int) -> list[str]:
+    """The cost table of the measured block, then the versions and the machine."""
+    lines = ["", f"Cost at {timing_shape} (median of {repeats} interleaved runs, ms):", ""]
+    lines += [
+        "| onnxruntime, clock | graph on raw rows | conditioned + refined | ratio | all of LayerNormModel.infer |"
+    ]
+    lines += ["|---|---|---|---|---|"]
+    for label, t in timing:
+        cost = t["conditioned"] / t["raw"]
+        lines += [f"| {label} | {t['raw']:.2f} | {t['conditioned']:.2f} | **{cost:.2f}x** | {t['normalize']:.2f} |"]
+    env = environment()
+    lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in env.items() if k != "machine") + "."]
+    return [*lines, f"Machine: {env['machine']} (shared with other jobs: timings are noisy).", ""]
+
+
 BEGIN, END = "<!-- fidelity:begin (written by scripts/fidelity.py) -->", "<!-- fidelity:end -->"
 
 
@@ -359,24 +386,7 @@ def write_markdown(
     lines += ["(where float32 squares cannot overflow, so that cancellation shows alone):", ""]
     lines += [*axis_table(table, "offset", "offset / std"), "", "And over the offsets of each magnitude:", ""]
     lines += [*axis_table(table, "magnitude", "magnitude"), "", "normserve on every case of the grid:", ""]
-    lines += ["| eps_mode | k | gamma, beta | max abs error | error / bound | without refinement |", "|---" * 6 + "|"]
-    for case in CASES:
-        e, r, _ = worst(table, "normserve", case)
-        lines.append(
-            f"| {case[0]} | {case[1]} | {'yes' if case[2] else 'no'} | {e:.2g} | {r:.3f} | "
-            f"{worst(table, 'unrefined', case)[1]:.3f} |"
-        )
-    lines += ["", f"Cost at {timing_shape} (median of {repeats} interleaved runs, ms):", ""]
-    lines += [
-        "| onnxruntime, clock | graph on raw rows | conditioned + refined | ratio | all of LayerNormModel.infer |"
-    ]
-    lines += ["|---|---|---|---|---|"]
-    for label, t in timing:
-        cost = t["conditioned"] / t["raw"]
-        lines += [f"| {label} | {t['raw']:.2f} | {t['conditioned']:.2f} | **{cost:.2f}x** | {t['normalize']:.2f} |"]
-    env = environment()
-    lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in env.items() if k != "machine") + "."]
-    lines += [f"Machine: {env['machine']} (shared with other jobs: timings are noisy).", "", END]
+    lines += [*case_lines(table), *cost_lines(timing, timing_shape, repeats), END]
     text = path.read_text() if path.is_file() else ""
     head, _, rest = text.partition(BEGIN)
     tail = rest.partition(END)[2] if rest else ""
