@@ -14,10 +14,13 @@ from typing import Any, Literal
 
 import numpy as np
 
+from app.core.halfprecision import HALF_DTYPES
 from app.core.tensors import to_finite_float
 from app.errors import InvalidInput, shown
 
 EPS_MODES = ("var", "std")
+# The datatypes an output is computed for: float32 answers (FP64 is their exact widening) or rounded once to half.
+OUTPUT_DATATYPES = ("FP32", "FP64", *HALF_DTYPES)
 MAX_WARNED_ROWS = 5  # rows named one by one in NormalizeInput.warnings; the rest are counted
 
 
@@ -32,6 +35,7 @@ class Fields:
     eps: str = "eps"
     eps_mode: str = "eps_mode"
     padding_mask: str = "padding_mask"
+    dtype: str = "dtype"
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class NormalizeInput:
     backend: Literal["onnxruntime", "numpy"] = "onnxruntime"
     validate: bool = False
     fields: Fields = field(default=Fields(), repr=False, compare=False)
+    dtype: str = "FP32"  # the output's datatype (OUTPUT_DATATYPES): a half type rounds it once, at the end
     # Set here: what the answer should tell the client about its input (rows that float32 rounded together).
     warnings: tuple[str, ...] = field(default=(), init=False, compare=False)
 
@@ -68,10 +73,12 @@ class NormalizeInput:
         source = np.asarray(self.x)
         set_(self, "x", to_finite_float(source, f.x))
         check_eps(self.eps, self.eps_mode, f)
+        check_dtype(self.dtype, f)
         rank = self.x.ndim
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= rank:
             raise InvalidInput(f"expected an integer in 1..{rank} (the input's rank), got {shown(self.k)}", f.k)
-        if source.dtype != np.float32:  # only the cast to float32 can round distinct values together
+        # Only a cast to float32 from a wider type can round distinct values together (half types widen exactly).
+        if source.dtype != np.float32 and source.dtype.itemsize > 2:
             set_(self, "warnings", rounded_together(source, self.x, self.k, f.x))
         for name in ("gamma", "beta"):
             value = getattr(self, name)
@@ -133,9 +140,15 @@ def check_eps(eps: Any, eps_mode: Any, f: Fields) -> None:
         raise InvalidInput(f"expected 'var' or 'std', got {shown(eps_mode)}", f.eps_mode)
 
 
+def check_dtype(dtype: Any, f: Fields) -> None:
+    """The output datatype is one the data plane computes (protocols refuse others first, in their own words)."""
+    if dtype not in OUTPUT_DATATYPES:
+        raise InvalidInput(f"expected one of {', '.join(OUTPUT_DATATYPES)}, got {shown(dtype)}", f.dtype)
+
+
 @dataclass(frozen=True)
 class NormalizeOutput:
-    output: np.ndarray  # x.shape; float32 from onnxruntime, float64 from numpy
+    output: np.ndarray  # x.shape; float32 from onnxruntime, float64 from numpy, the half type asked (dtype)
     mean: np.ndarray  # x.shape[:-k], float64
     var: np.ndarray  # x.shape[:-k], float64, population variance
     eps: float
@@ -179,9 +192,11 @@ class EncodeInput:
     validate: bool = False
     fields: Fields = field(default=Fields(), repr=False, compare=False)
     one_sequence: bool = False
+    dtype: str = "FP32"  # the output's datatype (OUTPUT_DATATYPES): a half type rounds it once, at the end
 
     def __post_init__(self) -> None:
         f, lim = self.fields, self.limits
+        check_dtype(self.dtype, f)
         x = to_finite_float(self.x, f.x)  # first, so that element indices are the ones the client sent
         mask = self.padding_mask
         if self.one_sequence and x.ndim == 2:  # checked before it becomes a batch of one: the shapes as sent
@@ -218,7 +233,7 @@ class EncodeInput:
 
 @dataclass(frozen=True)
 class EncodeOutput:
-    output: np.ndarray  # B,T,C float32
+    output: np.ndarray  # B,T,C float32, or the half type asked (EncodeInput.dtype)
     layer_norms: list[tuple[str, np.ndarray, np.ndarray]]  # (name, mean B,T, std B,T), in execution order
     model: ModelInfo
     validation: dict[str, Any] | None

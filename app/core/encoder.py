@@ -17,6 +17,7 @@ import numpy as np
 from app.core import reference
 from app.core.batching import Batcher
 from app.core.dataplane import EncodeInput, EncodeOutput, EncoderLimits, Fields
+from app.core.halfprecision import HALF_DTYPES, narrow
 from app.core.model import (
     FLOAT,
     Loaded,
@@ -117,7 +118,8 @@ class EncoderModel(Model):
             diff = float(np.abs(outs[0] - ref).max())
             atol = self.validate_atol
             validation = {"reference": "numpy", "max_abs_diff": diff, "atol": atol, "passed": diff <= atol}
-        return EncodeOutput(outs[0], stats, self.info, validation)
+        output = narrow(outs[0], request.dtype, "output") if request.dtype in HALF_DTYPES else outs[0]
+        return EncodeOutput(output, stats, self.info, validation)
 
     def warm_up(self) -> tuple[float, float]:
         rng = np.random.default_rng(20261121)

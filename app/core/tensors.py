@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from app.core.halfprecision import HALF_DTYPES, finfo
 from app.errors import InvalidInput, MalformedBody
 
 # KServe V2 / Triton datatype names and their little-endian NumPy dtypes.
@@ -27,6 +28,7 @@ DATATYPES: dict[str, np.dtype[Any]] = {
     "INT32": np.dtype("<i4"),
     "INT64": np.dtype("<i8"),
     "FP16": np.dtype("<f2"),
+    "BF16": HALF_DTYPES["BF16"],
     "FP32": np.dtype("<f4"),
     "FP64": np.dtype("<f8"),
 }
@@ -101,12 +103,15 @@ def to_finite_float(arr: np.ndarray, field: str) -> np.ndarray:
         bad = ~np.isfinite(out)
     index = [int(i) for i in np.argwhere(bad)[0]]
     value = arr[tuple(index)]
-    raise InvalidInput(f"element {index} = {value} is outside float32's finite range (|x| <= {FLOAT32_MAX:.7g})", field)
+    # A half-precision tensor's bad element is its own type's inf or nan: the message names that type.
+    half = arr.dtype in HALF_DTYPES.values()
+    name, top = (arr.dtype.name, float(finfo(arr.dtype).max)) if half else ("float32", FLOAT32_MAX)
+    raise InvalidInput(f"element {index} = {value} is outside {name}'s finite range (|x| <= {top:.7g})", field)
 
 
 def check_finite(arr: np.ndarray, field: str, datatype: str = "FP32") -> None:
     """Refuse a result that does not fit the datatype it is sent in (it overflowed): the one output check."""
-    limit = float(np.finfo(DATATYPES[datatype]).max)
+    limit = float(finfo(DATATYPES[datatype]).max)
     # NaN propagates through min and max and fails both comparisons; no temporary the size of the output.
     if not (-limit <= float(arr.min()) and float(arr.max()) <= limit):
         hint = "scale the input or gamma down, or use a larger eps"

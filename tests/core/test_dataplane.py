@@ -10,6 +10,7 @@ import pytest
 
 from app.core import reference
 from app.core.dataplane import EncodeInput, EncoderLimits, Fields, ModelInfo, NormalizeInput, NormalizeOutput
+from app.core.halfprecision import HALF_DTYPES, narrow
 from app.errors import InvalidInput
 from app.server.api.v2.codec import FIELDS as V2_FIELDS
 
@@ -236,3 +237,52 @@ def test_normalize_output_std_and_inv_std_dev_match_numpy(eps_mode: str, eps: fl
 
 def test_model_info_describes_itself_as_responses_report_it() -> None:
     assert ModelInfo("layernorm", "1", "e9fd").describe() == {"name": "layernorm", "version": "1", "sha256": "e9fd"}
+
+
+# ---- half precision (issue 26) -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_half_precision_data_gamma_and_beta_widen_exactly_to_float32(datatype: str) -> None:
+    x, g = (narrow(np.array(v), datatype, "x") for v in ([[0.1, 1000.5, -3e-6]], [1 / 3, 2.0, -1.0]))
+    req = NormalizeInput(x, gamma=g, beta=g, dtype=datatype)
+    assert (req.x.dtype, req.gamma.dtype, req.beta.dtype) == (F32, F32, F32)  # type: ignore[union-attr]
+    np.testing.assert_array_equal(req.x, x.astype(np.float64))
+    np.testing.assert_array_equal(req.gamma, g.astype(np.float64))  # type: ignore[arg-type]
+    assert req.warnings == ()
+    assert EncodeInput(np.zeros((1, 2, 4), HALF_DTYPES[datatype]), None, LIMITS, dtype=datatype).x.dtype == F32
+
+
+@pytest.mark.parametrize(
+    ("datatype", "bad", "message"),
+    [
+        ("FP16", np.inf, "{x}: element [0, 1] = inf is outside float16's finite range (|x| <= 65504)"),
+        ("FP16", np.nan, "{x}: element [0, 1] = nan is outside float16's finite range (|x| <= 65504)"),
+        ("BF16", -np.inf, "{x}: element [0, 1] = -inf is outside bfloat16's finite range (|x| <= 3.389531e+38)"),
+        ("BF16", np.nan, "{x}: element [0, 1] = nan is outside bfloat16's finite range (|x| <= 3.389531e+38)"),
+    ],
+)
+@pytest.mark.parametrize("f", PROTOCOLS)
+def test_a_non_finite_half_element_is_refused_naming_its_type(
+    datatype: str, bad: float, message: str, f: Fields
+) -> None:
+    x = np.array([[1.0, bad, 2.0]]).astype(HALF_DTYPES[datatype])
+    for build in (
+        lambda: NormalizeInput(x, fields=f),
+        lambda: EncodeInput(x, None, LIMITS, fields=f, one_sequence=True),
+    ):
+        with pytest.raises(InvalidInput) as e:
+            build()
+        assert str(e.value) == _message(message, f)
+
+
+@pytest.mark.parametrize("f", PROTOCOLS)
+def test_an_unknown_output_datatype_is_refused_naming_the_field(f: Fields) -> None:
+    x = np.zeros((1, 2, 4))
+    for build in (
+        lambda: NormalizeInput(x, fields=f, dtype="FP8"),
+        lambda: EncodeInput(x, None, LIMITS, fields=f, dtype="FP8"),
+    ):
+        with pytest.raises(InvalidInput) as e:
+            build()
+        assert str(e.value) == f"{f.dtype}: expected one of FP32, FP64, FP16, BF16, got 'FP8'"

@@ -12,6 +12,7 @@ from app.core import reference
 from app.core.batching import Batcher
 from app.core.dataplane import EncodeInput
 from app.core.encoder import EncoderModel, output_names, signature
+from app.core.halfprecision import HALF_DTYPES, narrow, ulp_errors, widen
 from app.core.model import Loaded
 from app.core.runtime import Runtime
 from app.errors import InvalidInput
@@ -158,3 +159,19 @@ def test_warm_up_figure_is_under_the_validate_atol(model: EncoderModel) -> None:
     diff, atol = model.warm_up()
     assert atol == Settings(model_dir=MODELS).validate_atol == 1e-4
     assert 0 < diff <= atol
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_a_half_precision_input_runs_in_float32_and_rounds_once(model: EncoderModel, datatype: str) -> None:
+    """Within one unit in the last place of the half type (the issue allows 2e-3 where that is larger) of the FP32
+    answer on the same, exactly widened, input: float32 inside, one rounding at the end; statistics as FP32's."""
+    x, mask = _masked_input(model.config.d_model)
+    half = narrow(x, datatype, "x")
+    out = model.infer(EncodeInput(half, mask, model.limits, dtype=datatype))
+    fp32 = model.infer(EncodeInput(widen(half), mask, model.limits))
+    assert out.output.dtype == HALF_DTYPES[datatype]
+    assert float(ulp_errors(out.output, fp32.output.astype(np.float64), datatype).max()) <= 0.5
+    for (name, mean, std), (name32, mean32, std32) in zip(out.layer_norms, fp32.layer_norms, strict=True):
+        assert name == name32
+        np.testing.assert_allclose(mean, mean32, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(std, std32, rtol=1e-6, atol=1e-6)

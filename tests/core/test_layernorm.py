@@ -12,6 +12,7 @@ import pytest
 
 from app.core import reference
 from app.core.dataplane import NormalizeInput, NormalizeOutput
+from app.core.halfprecision import HALF_DTYPES, limit, narrow, ulp_errors, widen
 from app.core.layernorm import (
     CHUNK_ELEMENTS,
     FLOAT32_ULP,
@@ -27,6 +28,8 @@ from app.core.runtime import Runtime
 from app.errors import InvalidInput
 from app.server.api.v2.codec import FIELDS as V2_FIELDS
 from app.settings import Settings
+from tests.halfcases import CASES as HALF_CASES
+from tests.halfcases import HalfCase
 from tests.live_server import MODELS
 from tests.repositories import learned_layernorm
 
@@ -295,3 +298,59 @@ def test_warm_up_figure_is_under_its_tolerance_and_reproducible(model: LayerNorm
     assert atol == WARM_UP_ATOL == 2 * NORMALIZE_ATOL
     assert 0 < diff <= atol
     assert model.warm_up() == (diff, atol)
+
+
+# ---- half precision (issue 26): FP16 and BF16 in, rounded once out, within one unit in the last place -------
+
+
+@pytest.mark.parametrize("case", HALF_CASES, ids=[c.id for c in HALF_CASES])
+@pytest.mark.parametrize("eps_mode", ["var", "std"])
+@pytest.mark.parametrize("backend", ["onnxruntime", "numpy"])
+def test_half_precision_output_is_within_one_ulp_of_the_float64_truth(
+    model: LayerNormModel, case: HalfCase, eps_mode: str, backend: Backend
+) -> None:
+    req = NormalizeInput(case.x, 1, 1e-5, eps_mode, case.gamma, case.beta, backend, dtype=case.datatype)
+    out = model.infer(req)
+    assert out.output.dtype == HALF_DTYPES[case.datatype]
+    assert float(ulp_errors(out.output, case.truth(1e-5, eps_mode), case.datatype).max()) <= 1.0
+    # The statistics stay float64, of the exact half-precision values.
+    ref = reference.layer_norm(widen(case.x), 1, 1e-5, eps_mode)
+    np.testing.assert_array_equal(out.mean, ref.mean)
+    np.testing.assert_array_equal(out.var, ref.var)
+
+
+@pytest.mark.parametrize("datatype", list(HALF_DTYPES))
+@pytest.mark.parametrize("source", [np.float32, "half"])
+def test_many_rows_round_faithfully_to_a_half_output(model: LayerNormModel, datatype: str, source: Any) -> None:
+    """Thousands of rows with gamma and beta, so that outputs near 0 (computed exactly) occur by the hundred; a
+    float32 input asked for a half output too."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((512, 768)) * 5 + 40
+    x = narrow(x, datatype, "x") if source == "half" else x.astype(np.float32)
+    gamma, beta = (narrow(rng.standard_normal(768) * s, datatype, "g") for s in (2.0, 1.0))
+    out = model.infer(NormalizeInput(x, 1, 1e-5, "var", gamma, beta, dtype=datatype)).output
+    truth = reference.layer_norm(np.asarray(x, np.float32), 1, 1e-5, "var", widen(gamma), widen(beta)).output
+    assert float(ulp_errors(out, truth, datatype).max()) <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("datatype", "beta", "message"),
+    [
+        ("FP16", 65504.0, "output: element [0, 1] = 131008 is outside float16's finite range (|x| <= 65504)"),
+        # Past BF16's largest value by more than half its spacing, and still a finite float32.
+        (
+            "BF16",
+            1.5 * 2.0**119,
+            "output: element [0, 1] = 3.3995006e+38 is outside bfloat16's finite range (|x| <= 3.389531e+38)",
+        ),
+    ],
+)
+def test_an_output_beyond_the_half_range_is_refused(
+    model: LayerNormModel, datatype: str, beta: float, message: str
+) -> None:
+    # y = [-1, 1] exactly (eps negligible), so out = gamma * y + beta leaves no digit to the kernel.
+    gamma, b = (narrow(np.full(2, v), datatype, "g") for v in (limit(datatype), beta))
+    req = NormalizeInput(narrow(np.array([[-1.0, 1.0]]), datatype, "x"), 1, 1e-30, "std", gamma, b, dtype=datatype)
+    with pytest.raises(InvalidInput) as e:
+        model.infer(req)
+    assert str(e.value) == message

@@ -1,0 +1,147 @@
+"""Half precision (FP16, BF16): exact widening to float32, one correct rounding back, shortest JSON numbers.
+
+Inputs in a half type widen to float32 exactly (both are subsets of it), so the model computes from the
+values the client sent. Outputs round once, from float32 or float64, to the nearest half value; a finite
+value beyond the half type's range is refused naming the field, never answered as inf.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from app.errors import InvalidInput
+
+# V2 datatype names and their NumPy dtypes (bfloat16 from ml_dtypes: NumPy has none).
+HALF_DTYPES: dict[str, np.dtype[Any]] = {"FP16": np.dtype("<f2"), "BF16": np.dtype(ml_dtypes.bfloat16)}
+# The `dtype` field of /normalize and /encode: its names (NumPy's) and the V2 datatypes they mean.
+JSON_DTYPES: dict[str, str] = {"float16": "FP16", "bfloat16": "BF16"}
+NAMES: dict[str, str] = {"FP16": "float16", "BF16": "bfloat16", "FP32": "float32", "FP64": "float64"}
+# Significant decimal digits that always round-trip: ceil(p * log10(2)) + 1 for p bits of precision.
+ROUND_TRIP_DIGITS: dict[str, int] = {"FP16": 5, "BF16": 4}
+
+
+def finfo(dt: np.dtype[Any]) -> Any:
+    """NumPy's finfo for any float type, bfloat16 included."""
+    return ml_dtypes.finfo(dt)  # type: ignore[no-untyped-call]
+
+
+def limit(datatype: str) -> float:
+    """The largest finite value of a half type."""
+    return float(finfo(HALF_DTYPES[datatype]).max)
+
+
+def widen(x: np.ndarray) -> np.ndarray:
+    """A half-precision array as float32: exact, every half value is a float32."""
+    out: np.ndarray = np.asarray(x, dtype=np.float32)
+    return out
+
+
+def narrow(y: np.ndarray, datatype: str, field: str) -> np.ndarray:
+    """float32 or float64 values rounded once to the nearest value of a half type (ties to even).
+
+    A finite value beyond the type's range is an InvalidInput naming the field (and the element), not inf."""
+    dt = HALF_DTYPES[datatype]
+    y = np.asarray(y)
+    if y.dtype == dt:
+        return y
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = narrow_exact(y, datatype)
+        # min and max carry any inf or nan out: no temporaries the size of the tensor unless one is bad.
+        top = limit(datatype)
+        if y.size == 0 or (-top <= float(out.min()) and float(out.max()) <= top):
+            return out
+        bad = ~np.isfinite(out.astype(np.float32))
+    index = [int(i) for i in np.argwhere(bad)[0]]
+    value = float(y[tuple(index)])
+    raise InvalidInput(
+        f"element {index} = {value:.9g} is outside {NAMES[datatype]}'s finite range ({range_text(datatype)})", field
+    )
+
+
+def uncertain(z: np.ndarray, err: float, datatype: str) -> np.ndarray:
+    """Flat indices of the elements of an answer z, each within err of its exact value, that rounding to the half
+    type might not round faithfully; the others round to within one unit in the last place of the exact value.
+
+    Where |z| >= T + err, the exact value is at least T, whose spacing in the half type exceeds 2 * err: z and
+    the exact value then have no half value between them, or z is within err of it, so z's rounding is one of
+    the two half values around the exact one. Only the small elements below that need their exact value."""
+    nmant = int(finfo(HALF_DTYPES[datatype]).nmant)
+    # The smallest power of two T = 2**k whose spacing 2**(k - nmant) exceeds 2 * err.
+    k = math.floor(math.log2(err)) + nmant + 2 if err > 0 else -1000
+    found: np.ndarray = np.flatnonzero(np.abs(z) < math.ldexp(1.0, k) + err)
+    return found
+
+
+def ulp_errors(got: np.ndarray, truth: np.ndarray, datatype: str) -> np.ndarray:
+    """|got - truth| in units in the last place of the half type at truth (its spacing in truth's binade; the
+    subnormal spacing below the smallest normal): at most 1 is faithful, at most 0.5 correctly rounded."""
+    info = finfo(HALF_DTYPES[datatype])
+    t = np.abs(np.asarray(truth, dtype=np.float64))
+    exponent = np.frexp(np.maximum(t, float(info.smallest_normal)))[1] - 1  # floor(log2 |truth|), at least emin
+    spacing = np.ldexp(1.0, exponent - int(info.nmant))
+    errors: np.ndarray = np.abs(widen(got).astype(np.float64) - truth) / spacing
+    return errors
+
+
+def range_text(datatype: str) -> str:
+    """`|x| <= 65504` for FP16: the finite range a message names."""
+    return f"|x| <= {limit(datatype):.7g}"
+
+
+def _to_odd_float32(y: np.ndarray) -> np.ndarray:
+    """float64 -> float32 rounded to odd: truncated, its last bit set when inexact.
+
+    float32 has 16 bits more than bfloat16, so rounding the odd-rounded value to bfloat16 is the correct
+    rounding of y itself (ml_dtypes casts float64 through float32 by nearest, which can round twice)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = y.astype(np.float32)
+        wide = np.abs(f.astype(np.float64)) > np.abs(y)  # rounded away from zero: step back towards it
+        f[wide] = np.nextafter(f[wide], np.float32(0))
+        inexact = f.astype(np.float64) != y
+        bits = f.view(np.uint32)
+        bits[inexact & np.isfinite(f)] |= np.uint32(1)
+    return f
+
+
+def shortest(x: np.ndarray, datatype: str) -> np.ndarray:
+    """Each half value as the float64 nearest the shortest decimal that rounds back to it.
+
+    JSON printers write float64's shortest repr, which for a half value is its full binary expansion
+    (0.0999755859375 for FP16's 0.1); this float64 prints as `0.1` and still reads back as the same value."""
+    wide = widen(x).astype(np.float64)
+    out = wide.copy()
+    todo = np.flatnonzero(wide)  # 0 prints as 0.0 already
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        for digits in range(1, ROUND_TRIP_DIGITS[datatype] + 1):
+            v = wide.flat[todo]
+            k = digits - 1 - np.floor(np.log10(np.abs(v))).astype(np.int64)  # decimal places kept
+            # Powers of ten up to 1e22 are exact, so each candidate is the float64 nearest its decimal.
+            up, down = np.float64(10.0) ** np.clip(k, 0, 22), np.float64(10.0) ** np.clip(-k, 0, 22)
+            candidate = np.round(v * up / down) * down / up
+            same = (narrow_exact(candidate, datatype) == x.flat[todo]) & (np.abs(k) <= 22)
+            out.flat[todo[same]] = candidate[same]
+            todo = todo[~same]
+    for i in todo:  # BF16 beyond 1e+-22, where powers of ten are inexact: Python's decimal formatting, one by one
+        out.flat[i] = _shortest_one(float(wide.flat[i]), x.flat[i], datatype)
+    return out
+
+
+def _shortest_one(v: float, value: Any, datatype: str) -> float:
+    for digits in range(1, ROUND_TRIP_DIGITS[datatype] + 1):
+        candidate = float(f"{v:.{digits - 1}e}")
+        if narrow_exact(np.array([candidate]), datatype)[0] == value:
+            return candidate
+    return v
+
+
+def narrow_exact(y: np.ndarray, datatype: str) -> np.ndarray:
+    """Values rounded once to a half type, inf past its range (no check: `narrow` checks)."""
+    dt = HALF_DTYPES[datatype]
+    # NumPy rounds float64 to float16 directly; ml_dtypes goes through float32, which could round twice.
+    wide = y.dtype != np.float32 and dt != np.float16
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (_to_odd_float32(np.asarray(y, dtype=np.float64)) if wide else y).astype(dt)
