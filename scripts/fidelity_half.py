@@ -10,17 +10,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from app.core import reference
 from app.core.dataplane import NormalizeInput
+from app.core.halfprecision import HALF_DTYPES, limit, ulp_errors
 from app.core.runtime import Runtime
 
 EPS = 1e-5
-HALF = {"FP16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16)}
-# Each half type's explicit mantissa bits, the exponent of its smallest normal, and its largest finite value.
-FORMAT = {"FP16": (10, -14, 65504.0), "BF16": (7, -126, 3.3895313892515355e38)}
+HALF = HALF_DTYPES
 IMPLS = ("torch", "onnxruntime", "normserve")
 # A row's center in units of its std; inf: constant rows (every value the magnitude itself).
 OFFSETS = (0.0, 1e1, 1e2, 1e3, 1e4, math.inf)
@@ -38,7 +36,7 @@ def grid_point(datatype: str, offset: float, magnitude: float, shape: Sequence[i
     """Half-precision rows magnitude * (1 + z / offset) (magnitude * z at offset 0), clipped to the type's range."""
     z = np.random.default_rng(seed).standard_normal(tuple(shape))
     x = magnitude * z if offset == 0 else magnitude * (1.0 + z / offset)
-    top = FORMAT[datatype][2]
+    top = limit(datatype)
     return np.clip(x, -top, top).astype(HALF[datatype])
 
 
@@ -51,22 +49,21 @@ def affine_params(datatype: str, D: int, seed: int = 1) -> tuple[np.ndarray, np.
 
 def ulps(out: np.ndarray, ref: np.ndarray, datatype: str) -> np.ndarray:
     """|out - ref| in units in the last place of the half type at ref's binade; inf where out is NaN or inf."""
-    nmant, minexp, _ = FORMAT[datatype]
-    mag = np.abs(ref)
-    _, e = np.frexp(mag)  # mag = f * 2**e with f in [0.5, 1): its binade starts at 2**(e - 1)
-    exponent = np.where(mag > 0, np.maximum(e - 1, minexp), minexp)  # subnormals: one spacing
-    wide = out.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
-        err = np.abs(wide - ref) / np.ldexp(1.0, exponent - nmant)
-    return np.where(np.isfinite(wide), err, np.inf)
+        err = ulp_errors(out, ref, datatype)
+    return np.where(np.isfinite(out.astype(np.float64)), err, np.inf)
 
 
 def tally(out: np.ndarray, ref: np.ndarray, datatype: str) -> dict[str, float]:
-    """Worst ulps, and how many elements are beyond 1 ulp, NaN or inf, and zero where more than 1 ulp is not."""
+    """Worst ulps and worst absolute error, and how many elements are beyond 1 ulp, NaN or inf, and zero where
+    more than 1 ulp is not."""
     err = ulps(out, ref, datatype)
     wide = out.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        absolute = np.abs(wide - ref)
     return {
         "worst": float(err.max()),
+        "abs": float(absolute.max()) if np.isfinite(absolute).all() else math.inf,
         "beyond": int((err > 1).sum()),
         "nonfinite": int((~np.isfinite(wide)).sum()),
         "zero": int(((wide == 0) & (err > 1)).sum()),
@@ -186,6 +183,7 @@ def summary(table: dict[Any, Any], datatype: str, impl: str) -> dict[str, Any] |
     where, worst = max(cells, key=lambda kc: kc[1]["worst"])
     out: dict[str, Any] = {"worst": worst["worst"], "where": where, "points": sum(c["beyond"] > 0 for _, c in cells)}
     out |= {n: sum(c[n] for _, c in cells) for n in ("beyond", "nonfinite", "zero", "elements")}
+    out["abs"] = max(c["abs"] for _, c in cells)
     return out | {"of": len(cells)}
 
 
@@ -205,22 +203,20 @@ def fmt(ulp: float) -> str:
 
 def summary_table(table: dict[Any, Any]) -> list[str]:
     """One row per half type and implementation: worst ulps, where, and every kind of miss counted."""
-    lines = [
-        "| datatype | implementation | worst ulps | at (offset / std, magnitude, gamma/beta) | points beyond 1 ulp "
-    ]
-    lines[0] += "| elements beyond 1 ulp | NaN or inf | zero for nonzero |"
-    lines.append("|---" * 8 + "|")
+    lines = ["| datatype | implementation | worst ulps | at (offset / std, magnitude, gamma/beta) | worst abs error "]
+    lines[0] += "| points beyond 1 ulp | elements beyond 1 ulp | NaN or inf | zero for nonzero |"
+    lines.append("|---" * 9 + "|")
     for datatype in HALF:
         for impl in IMPLS:
             s = summary(table, datatype, impl)
             name = "**normserve**" if impl == "normserve" else impl
             if isinstance(s, str):
-                lines.append(f"| {datatype} | {name} | no CPU kernel: `{s[:200]}` | - | - | - | - | - |")
+                lines.append(f"| {datatype} | {name} | no CPU kernel: `{s[:200]}` | - | - | - | - | - | - |")
                 continue
             _, affine, off, mag = s["where"]
             at = f"{off:g}, {mag:g}, {'yes' if affine else 'no'}"
             lines.append(
-                f"| {datatype} | {name} | {fmt(s['worst'])} | {at} | {s['points']} of {s['of']} "
+                f"| {datatype} | {name} | {fmt(s['worst'])} | {at} | {fmt(s['abs'])} | {s['points']} of {s['of']} "
                 f"| {s['beyond']} of {s['elements']} | {s['nonfinite']} | {s['zero']} |"
             )
     return lines

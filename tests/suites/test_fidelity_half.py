@@ -81,7 +81,10 @@ def test_the_truth_rounded_to_nearest_is_within_half_an_ulp(datatype: str) -> No
 def test_tally_counts_each_kind_of_miss() -> None:
     ref = np.asarray([1.0, 1.0, 1.0, 0.5, 2**-20])
     out = np.asarray([1.0, math.nan, math.inf, 0.0, 0.0], np.float16)
-    assert fh.tally(out, ref, "FP16") == {"worst": math.inf, "beyond": 4, "nonfinite": 2, "zero": 2, "elements": 5}
+    expected = {"worst": math.inf, "abs": math.inf, "beyond": 4, "nonfinite": 2, "zero": 2, "elements": 5}
+    assert fh.tally(out, ref, "FP16") == expected
+    finite = fh.tally(out[[0, 3]], ref[[0, 3]], "FP16")
+    assert (finite["worst"], finite["abs"], finite["zero"]) == (2**10, 0.5, 1)  # 0.5 off where the spacing is 2**-11
 
 
 @pytest.mark.parametrize("datatype", ["FP16", "BF16"])
@@ -128,7 +131,10 @@ def test_the_report_block_replaces_its_markers_and_keeps_the_prose(table: dict[A
     text = path.read_text()
     assert worst <= 1 and "old figures" not in text
     assert text.startswith(f"# Fidelity\n\nprose\n\n{fh.BEGIN}\n") and text.endswith(f"{fh.END}\n\nafter\n")
-    assert "| datatype | implementation | worst ulps |" in text
+    assert (
+        "| datatype | implementation | worst ulps | at (offset / std, magnitude, gamma/beta) | worst abs error |"
+        in text
+    )
     for datatype in ("FP16", "BF16"):
         assert all(f"| {datatype} | {impl} |" in text for impl in ("torch", "onnxruntime", "**normserve**"))
         assert f"| {datatype}: magnitude | torch | onnxruntime | **normserve** |" in text
