@@ -93,8 +93,10 @@ class EncoderModel(Model):
         if self.batcher is not None:
             self.batcher.close()
 
-    def from_tensors(self, tensors: Mapping[str, np.ndarray], params: Mapping[str, Any], f: Fields) -> EncodeInput:
-        return EncodeInput(tensors["input"], tensors.get("padding_mask"), self.limits, fields=f)
+    def from_tensors(
+        self, tensors: Mapping[str, np.ndarray], params: Mapping[str, Any], f: Fields, dtype: str = "FP32"
+    ) -> EncodeInput:
+        return EncodeInput(tensors["input"], tensors.get("padding_mask"), self.limits, fields=f, dtype=dtype)
 
     def to_tensors(self, result: EncodeOutput) -> dict[str, np.ndarray]:
         tensors = {"output": result.output}

@@ -130,6 +130,14 @@ def shortest(x: np.ndarray, datatype: str) -> np.ndarray:
     return out
 
 
+def printable(arr: np.ndarray) -> np.ndarray:
+    """An array for a JSON printer: a half-precision one as its values' shortest decimals, any other as it is."""
+    for datatype, dt in HALF_DTYPES.items():
+        if arr.dtype == dt:
+            return shortest(arr, datatype)
+    return arr
+
+
 def _shortest_one(v: float, value: Any, datatype: str) -> float:
     for digits in range(1, ROUND_TRIP_DIGITS[datatype] + 1):
         candidate = float(f"{v:.{digits - 1}e}")

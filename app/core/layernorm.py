@@ -113,6 +113,7 @@ class LayerNormModel(Model):
         backend: Literal["onnxruntime", "numpy"] = "onnxruntime",
         validate: bool = False,
         fields: Fields = Fields(),  # noqa: B008 - frozen dataclass
+        dtype: str = "FP32",
     ) -> NormalizeInput:
         """The data plane's input with this model's defaults: its normalized_shape, gamma, beta and eps."""
         learned = self.normalized_shape
@@ -128,12 +129,14 @@ class LayerNormModel(Model):
             beta = self.beta if beta is None else beta
         k = (len(learned) or 1) if k is None else k
         eps = self.eps if eps is None else eps
-        return NormalizeInput(x, k, eps, eps_mode, gamma, beta, backend, validate, fields)
+        return NormalizeInput(x, k, eps, eps_mode, gamma, beta, backend, validate, fields, dtype)
 
-    def from_tensors(self, tensors: Mapping[str, np.ndarray], params: Mapping[str, Any], f: Fields) -> NormalizeInput:
+    def from_tensors(
+        self, tensors: Mapping[str, np.ndarray], params: Mapping[str, Any], f: Fields, dtype: str = "FP32"
+    ) -> NormalizeInput:
         gamma, beta = tensors.get("gamma"), tensors.get("beta")
         k, eps, mode = params.get("normalized_ndim"), params.get("eps"), params.get("eps_mode", "var")
-        return self.request(tensors["input"], k, eps, mode, gamma, beta, fields=f)
+        return self.request(tensors["input"], k, eps, mode, gamma, beta, fields=f, dtype=dtype)
 
     def to_tensors(self, result: NormalizeOutput) -> dict[str, np.ndarray]:
         # inv_std_dev from the float64 variance, so FP64 clients get every digit it has.

@@ -29,7 +29,9 @@ from app.settings import Settings
 Signature = list[tuple[str, list[str | int]]]
 # Told of every onnxruntime run: (model, version, seconds, rows in the batch, whether it is the load's warm-up).
 RunObserver = Callable[[str, str, float, int, bool], None]
-FLOAT = ("FP32", "FP64")  # accepted for float inputs; FP64 is cast once to float32
+# Accepted for float inputs and outputs: FP64 is cast once to float32, FP16 and BF16 widened exactly (and an
+# output in them rounded once, app/core/halfprecision.py). Metadata reports the first.
+FLOAT = ("FP32", "FP64", "FP16", "BF16")
 PLATFORM = "onnxruntime_onnx"
 
 
@@ -239,8 +241,10 @@ class Model(ABC):
                 raise InvalidInput(f"required input missing for model {self.name!r}", f"inputs.{spec.name}")
 
     @abstractmethod
-    def from_tensors(self, tensors: Mapping[str, np.ndarray], params: Mapping[str, Any], f: Fields) -> Any:
-        """The data plane's input from V2 tensors and parameters (HTTP and gRPC alike)."""
+    def from_tensors(
+        self, tensors: Mapping[str, np.ndarray], params: Mapping[str, Any], f: Fields, dtype: str = "FP32"
+    ) -> Any:
+        """The data plane's input from V2 tensors and parameters (HTTP and gRPC alike); dtype: its output's."""
 
     @abstractmethod
     def infer(self, request: Any) -> Any:

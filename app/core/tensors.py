@@ -157,7 +157,10 @@ def decode_binary(
 def binary_view(arr: np.ndarray) -> memoryview:
     """An array as raw little-endian row-major bytes: a view, no copy when it is little-endian and contiguous."""
     dt = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
-    return np.ascontiguousarray(arr, dtype=dt).data.cast("B")
+    out = np.ascontiguousarray(arr, dtype=dt)
+    if out.dtype == HALF_DTYPES["BF16"]:  # ml_dtypes' types have no buffer format: their bits as uint16
+        out = out.view(np.uint16)
+    return out.data.cast("B")
 
 
 def _check_depth(value: Any, field: str, max_depth: int) -> None:

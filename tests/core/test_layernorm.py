@@ -75,9 +75,9 @@ def test_signature_is_the_exported_graphs(session: ort.InferenceSession) -> None
 
 def test_v2_view_takes_input_gamma_beta_and_the_three_parameters(model: LayerNormModel) -> None:
     assert [(t.name, t.datatypes, t.shape, t.optional) for t in model.inputs] == [
-        ("input", ("FP32", "FP64"), (-1, -1), False),
-        ("gamma", ("FP32", "FP64"), (-1,), True),
-        ("beta", ("FP32", "FP64"), (-1,), True),
+        ("input", ("FP32", "FP64", "FP16", "BF16"), (-1, -1), False),
+        ("gamma", ("FP32", "FP64", "FP16", "BF16"), (-1,), True),
+        ("beta", ("FP32", "FP64", "FP16", "BF16"), (-1,), True),
     ]
     assert [(t.name, t.shape) for t in model.outputs] == [("output", (-1, -1)), ("mean", (-1,)), ("inv_std_dev", (-1,))]
     assert model.parameters == ("eps", "eps_mode", "normalized_ndim")

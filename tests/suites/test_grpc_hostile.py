@@ -54,7 +54,7 @@ def _raw(rng: np.random.Generator, datatype: str, shape: list[int]) -> bytes:
     count = math.prod(shape) if shape and all(0 < d < 4096 for d in shape) else int(rng.integers(0, 64))
     nbytes = max(0, min(count * itemsize + int(rng.choice([0, 0, 0, -1, 1, -itemsize, itemsize])), 1 << 20))
     data = bytearray(rng.bytes(nbytes))
-    if datatype in ("FP32", "FP64") and nbytes >= itemsize and rng.random() < 0.5:
+    if datatype in ("FP32", "FP64", "FP16", "BF16") and nbytes >= itemsize and rng.random() < 0.5:
         special = np.array([rng.choice([np.nan, np.inf, -np.inf])], DATATYPES[datatype]).tobytes()
         at = int(rng.integers(0, nbytes // itemsize)) * itemsize
         data[at : at + itemsize] = special

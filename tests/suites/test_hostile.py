@@ -207,8 +207,8 @@ HOSTILE: list[Any] = [
         400,
         {
             LN: "\\u202e\\u200bdata: unknown field; expected only data, gamma, beta, model, version, normalized_shape, eps,"
-            " eps_mode, backend, validate",
-            ENC: "\\u202e\\u200bdata: unknown field; expected only data, padding_mask, model, version, validate",
+            " eps_mode, backend, validate, dtype",
+            ENC: "\\u202e\\u200bdata: unknown field; expected only data, padding_mask, model, version, validate, dtype",
             LN_V2: "\\u202e\\u200bdata: unknown field; expected only id, model_name, model_version, parameters, inputs, outputs",
             ENC_V2: "\\u202e\\u200bdata: unknown field; expected only id, model_name, model_version, parameters, inputs, outputs",
         },
@@ -239,8 +239,8 @@ HOSTILE: list[Any] = [
         400,
         {
             LN: "colour: unknown field; expected only data, gamma, beta, model, version, normalized_shape, eps,"
-            " eps_mode, backend, validate",
-            ENC: "colour: unknown field; expected only data, padding_mask, model, version, validate",
+            " eps_mode, backend, validate, dtype",
+            ENC: "colour: unknown field; expected only data, padding_mask, model, version, validate, dtype",
             LN_V2: "colour: unknown field; expected only id, model_name, model_version, parameters, inputs, outputs",
             ENC_V2: "colour: unknown field; expected only id, model_name, model_version, parameters, inputs, outputs",
         },

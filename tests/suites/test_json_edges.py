@@ -36,8 +36,8 @@ LN, ENC, LN_V2, ENC_V2 = ENDPOINTS
 V2_ENDPOINTS = [LN_V2, ENC_V2]
 OK = (200, "")  # a 200 whose values are checked against the reference
 REST_FIELDS = {
-    LN: "data, gamma, beta, model, version, normalized_shape, eps, eps_mode, backend, validate",
-    ENC: "data, padding_mask, model, version, validate",
+    LN: "data, gamma, beta, model, version, normalized_shape, eps, eps_mode, backend, validate, dtype",
+    ENC: "data, padding_mask, model, version, validate, dtype",
 }
 Build = Callable[[str], bytes]
 Outcome = dict[str, tuple[int, str]]
@@ -230,7 +230,7 @@ V2_ROWS: list[Any] = [
     ),
     pytest.param(
         lead(b'"outputs": [{"name": "output", "parameters": 0}]'),
-        v2_error("outputs.output: parameters 0 are not supported; only binary_data is"),
+        v2_error("outputs.output: parameters 0 are not supported; only binary_data and datatype are"),
         id="output-parameters-zero",
     ),
     pytest.param(

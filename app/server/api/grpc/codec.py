@@ -9,12 +9,14 @@ to the protobuf header by app/server/api/grpc/wire.py straight from the output a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
+from app.core.halfprecision import HALF_DTYPES
 from app.core.model import Model, TensorSpec
 from app.core.tensors import DATATYPES, binary_view
 from app.errors import InvalidInput
@@ -24,7 +26,14 @@ from app.server.api.v2.rules import FIELDS, InferRequest
 from app.settings import Settings
 
 # The typed contents field of each datatype a model accepts (InferTensorContents).
-CONTENTS = {"BOOL": "bool_contents", "FP32": "fp32_contents", "FP64": "fp64_contents"}
+# The protocol has no typed field for FP16 and BF16: fp32_contents are read, rounded as JSON numbers are.
+CONTENTS = {
+    "BOOL": "bool_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "FP16": "fp32_contents",
+    "BF16": "fp32_contents",
+}
 RAW = "raw_input_contents"
 # Triton marks every stream response with it (true: no more responses to this request); client loops wait for it.
 FINAL_RESPONSE = "triton_final_response"
@@ -45,9 +54,10 @@ def decode(request: Any, model: Model, settings: Settings) -> InferRequest:
     params = rules.parameters(parameter_values(request.parameters), model)
     tensors, datatype = _inputs(request, model, settings)
     entries = [(o.name, parameter_values(o.parameters)) for o in request.outputs]
-    outputs = rules.requested_outputs(entries, model, False, ())
-    data_plane = model.from_tensors(tensors, params, FIELDS)
-    return InferRequest(request.id or None, data_plane, datatype, outputs, rules.ignored(params, model))
+    outputs = rules.requested_outputs(entries, model, False, ("datatype",))
+    asked = rules.output_datatypes(entries, model)
+    req = InferRequest(request.id or None, None, datatype, outputs, rules.ignored(params, model), asked)
+    return dataclasses.replace(req, input=model.from_tensors(tensors, params, FIELDS, req.dtype))
 
 
 def _inputs(request: Any, model: Model, settings: Settings) -> tuple[dict[str, np.ndarray], str]:
@@ -85,7 +95,8 @@ def _tensor(entry: Any, spec: TensorSpec, datatype: str, shape: list[int], raw: 
         raise InvalidInput(f"{others[0]} cannot hold {datatype}; expected {typed}", f"{field}.contents")
     values = getattr(entry.contents, typed)
     rules.check_count(len(values), shape, f"{field}.contents.{typed}")
-    return np.array(values, dtype=DATATYPES[datatype]).reshape(shape)
+    arr = np.array(values, dtype=DATATYPES["FP32" if datatype in HALF_DTYPES else datatype]).reshape(shape)
+    return rules.from_numbers(arr, datatype, field)
 
 
 def encode(model: Model, req: InferRequest, result: Any, final: bool = False) -> Encoded:
@@ -98,6 +109,6 @@ def encode(model: Model, req: InferRequest, result: Any, final: bool = False) ->
         response.parameters["ignored_parameters"].string_param = ",".join(req.ignored)
     raws = []
     for name, arr, _ in rules.output_tensors(model, req, result):
-        response.outputs.add(name=name, datatype=req.datatype, shape=arr.shape)
+        response.outputs.add(name=name, datatype=req.datatype_of(name), shape=arr.shape)
         raws.append(binary_view(arr))
     return Encoded(response.SerializeToString(), tuple(raws))

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from app.core import jsontensors
 from app.core.dataplane import EncodeInput, EncodeOutput, Fields, NormalizeInput, NormalizeOutput
 from app.core.encoder import EncoderModel
+from app.core.halfprecision import HALF_DTYPES, JSON_DTYPES, narrow, printable
 from app.core.jsonkeys import check_unique_keys, duplicate_key, first_duplicate_key
 from app.core.layernorm import LayerNormModel
 from app.core.model import Model
@@ -25,6 +26,10 @@ from app.settings import Settings
 
 TENSOR_DOC = "A nested array of numbers (rank >= 1, rectangular); parsed straight into NumPy."
 FIELDS = Fields()  # the data plane's own names are the REST ones
+DTYPE_DOC = (
+    "The numbers' type: data, gamma and beta are rounded to it (a number beyond its range is a 422), and output is"
+    " computed from those values and rounded once to it."
+)
 
 
 class NormalizeParams(BaseModel):
@@ -45,6 +50,7 @@ class NormalizeParams(BaseModel):
     )
     backend: Literal["onnxruntime", "numpy"] = Field("onnxruntime", description="Which path computes `output`.")
     validate_: bool = Field(False, alias="validate", description="Also run the other backend and report the diff.")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description=DTYPE_DOC)
 
 
 class EncodeParams(BaseModel):
@@ -55,6 +61,7 @@ class EncodeParams(BaseModel):
     model: str = Field("encoder", description="An encoder of the repository: encoder (post-LN), encoder-preln, ...")
     version: int | str | None = Field(None, description="A version of it; default the highest ready one.")
     validate_: bool = Field(False, alias="validate", description="Also run the NumPy reference and report the diff.")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description=DTYPE_DOC)
 
 
 NORMALIZE_TENSORS = ("data", "gamma", "beta")
@@ -74,20 +81,22 @@ def decode_normalize(
     if not isinstance(model, LayerNormModel):
         raise InvalidInput(f"{params.model!r} is of kind {model.kind}; /normalize takes a layernorm model", "model")
     may_hold_bools = _may_hold_bools(scan, tensors)
+    dtype = JSON_DTYPES.get(params.dtype, "FP32")
     x, gamma, beta = (
-        _tensor(tensors[name], name, settings, may_hold_bools) if name in tensors else None
+        _tensor(tensors[name], name, settings, may_hold_bools, dtype) if name in tensors else None
         for name in NORMALIZE_TENSORS
     )
     assert x is not None
     k = _trailing_dims(params.normalized_shape, x.shape)
     scan.check_unique_keys()  # last, when the body is known to hold only numbers besides the fields
-    req = model.request(x, k, params.eps, params.eps_mode, gamma, beta, params.backend, params.validate_, FIELDS)
+    validate = params.validate_
+    req = model.request(x, k, params.eps, params.eps_mode, gamma, beta, params.backend, validate, FIELDS, dtype)
     return model, req
 
 
 def encode_normalize(out: NormalizeOutput) -> bytes:
     doc: dict[str, Any] = {
-        "output": encode_json_tensor(out.output),
+        "output": encode_json_tensor(printable(out.output)),
         "shape": list(out.output.shape),
         "stats": {
             "mean": encode_json_tensor(out.mean),
@@ -113,7 +122,8 @@ def decode_encode(
     model = resolve(params.model, params.version)
     if not isinstance(model, EncoderModel):
         raise InvalidInput(f"{params.model!r} is of kind {model.kind}; /encode takes an encoder model", "model")
-    x = _tensor(tensors["data"], "data", settings, _may_hold_bools(scan, tensors))
+    dtype = JSON_DTYPES.get(params.dtype, "FP32")
+    x = _tensor(tensors["data"], "data", settings, _may_hold_bools(scan, tensors), dtype)
     mask = None
     if tensors.get("padding_mask") is not None:
         mask = decode_json_tensor(
@@ -124,13 +134,13 @@ def decode_encode(
             boolean=True,
         )
     scan.check_unique_keys()
-    req = EncodeInput(x, mask, model.limits, params.validate_, FIELDS, one_sequence=True)
+    req = EncodeInput(x, mask, model.limits, params.validate_, FIELDS, one_sequence=True, dtype=dtype)
     return model, req, x.ndim == 2  # [seq, d_model]: answered without the batch dim
 
 
 def encode_encode(squeeze: bool, out: EncodeOutput) -> bytes:
     def shaped(a: np.ndarray) -> Any:
-        return encode_json_tensor(a[0] if squeeze else a)
+        return encode_json_tensor(printable(a[0] if squeeze else a))
 
     doc: dict[str, Any] = {
         "output": shaped(out.output),
@@ -204,10 +214,12 @@ def _validate(model: type[BaseModel], fields: dict[str, Any], tensor_names: tupl
         raise InvalidInput(f"{err['msg']} (got {shown(err.get('input'))})", name) from None
 
 
-def _tensor(value: Any, name: str, settings: Settings, may_hold_bools: bool) -> np.ndarray:
-    return decode_json_tensor(
+def _tensor(value: Any, name: str, settings: Settings, may_hold_bools: bool, dtype: str) -> np.ndarray:
+    """A tensor's numbers, rounded to the request's half type where it names one."""
+    arr = decode_json_tensor(
         value, name, max_elements=settings.max_elements, max_depth=settings.max_depth, may_hold_bools=may_hold_bools
     )
+    return narrow(arr, dtype, name) if dtype in HALF_DTYPES else arr
 
 
 def _trailing_dims(normalized_shape: int | list[int] | None, shape: tuple[int, ...]) -> int | None:

@@ -9,12 +9,14 @@ protocol's rules themselves are app/server/api/v2/rules.py, shared with the gRPC
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from app.core import jsontensors
+from app.core.halfprecision import HALF_DTYPES, widen
 from app.core.jsonkeys import check_unique_keys
 from app.core.model import Model, TensorSpec
 from app.core.tensors import binary_view, decode_json_tensor, dumps, loads
@@ -68,10 +70,10 @@ def decode(body: bytearray, header_length: str | None, model: Model, settings: S
     lists = isinstance(entries, list) and any(isinstance(e, dict) and isinstance(e.get("data"), list) for e in entries)
     may_hold_bools = lists and (body.find(b"true", 0, len(head)) >= 0 or body.find(b"false", 0, len(head)) >= 0)
     tensors, datatype = _inputs(doc.get("inputs"), binary, model, settings, may_hold_bools)
-    outputs = _requested_outputs(doc.get("outputs"), model, params.get("binary_data_output", False))
+    outputs, asked = _requested_outputs(doc.get("outputs"), model, params.get("binary_data_output", False))
     check_unique_keys(body, len(head))  # last, when the header is known to hold only numbers besides the fields
-    data_plane = model.from_tensors(tensors, params, FIELDS)
-    return InferRequest(request_id, data_plane, datatype, outputs, rules.ignored(params, model))
+    req = InferRequest(request_id, None, datatype, outputs, rules.ignored(params, model), asked)
+    return dataclasses.replace(req, input=model.from_tensors(tensors, params, FIELDS, req.dtype))
 
 
 def _same_model(doc: dict[str, Any], model: Model) -> None:
@@ -159,14 +161,16 @@ def _from_json(
         boolean=datatype == "BOOL",
     )
     rules.check_count(arr.size, shape, f"{field}.data")
-    return arr.reshape(shape)
+    return rules.from_numbers(arr.reshape(shape), datatype, field)
 
 
-def _requested_outputs(raw: Any, model: Model, binary_default: bool) -> list[tuple[str, bool]]:
+def _requested_outputs(raw: Any, model: Model, binary_default: bool) -> tuple[list[tuple[str, bool]], dict[str, str]]:
+    """The outputs to send (name, binary) and the datatypes asked for some of them."""
     if raw is not None and not isinstance(raw, list):
         raise InvalidInput("expected a list of {name, parameters}", "outputs")
     entries = [(e.get("name"), e.get("parameters")) if isinstance(e, dict) else (None, None) for e in raw or []]
-    return rules.requested_outputs(entries, model, binary_default, ("binary_data",))
+    outputs = rules.requested_outputs(entries, model, binary_default, ("binary_data", "datatype"))
+    return outputs, rules.output_datatypes(entries, model)
 
 
 def encode(model: Model, req: InferRequest, result: Any, accept_encoding: str | None) -> EncodedResponse:
@@ -174,12 +178,15 @@ def encode(model: Model, req: InferRequest, result: Any, accept_encoding: str | 
     answer compressed as Accept-Encoding asks."""
     outputs, blobs = [], []
     for name, arr, binary in rules.output_tensors(model, req, result):
-        entry: dict[str, Any] = {"name": name, "datatype": req.datatype, "shape": list(arr.shape)}
+        datatype = req.datatype_of(name)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
         if binary:
             blobs.append(binary_view(arr))  # a view: streamed from the array, or compressed, never copied whole
             entry["parameters"] = {"binary_data_size": blobs[-1].nbytes}
         else:
-            entry["data"] = arr.reshape(-1)  # flat, row-major, as Triton sends it
+            # Flat, row-major, as Triton sends it. Half values as float64 prints them, which every reader gets
+            # back exactly, whatever type it reads them into (tritonclient: BF16 into float32, FP16 into float16).
+            entry["data"] = (widen(arr).astype(np.float64) if datatype in HALF_DTYPES else arr).reshape(-1)
         outputs.append(entry)
     doc: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
     if req.id is not None:

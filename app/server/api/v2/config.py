@@ -11,10 +11,11 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from app.core.model import PLATFORM, Model, TensorSpec
+from app.core.model import FLOAT, PLATFORM, Model, TensorSpec
 from app.core.repository import DEFAULT_POLICY
 
 BACKEND = "onnxruntime"
+DATATYPES_PARAMETER = "datatypes"  # the config's parameter that lists what FP32 tensors also take
 _INT64_FIELDS = ("dims", "versions", "max_queue_delay_microseconds", "preferred_batch_size")
 
 
@@ -31,6 +32,8 @@ def model_config(model: Model) -> Any:
         config.input.add(name=spec.name, data_type=_data_type(spec), dims=spec.shape, optional=spec.optional)
     for spec in model.outputs:
         config.output.add(name=spec.name, data_type=_data_type(spec), dims=spec.shape)
+    # data_type holds one datatype: every TYPE_FP32 tensor also takes (and answers in) the others of FLOAT.
+    config.parameters[DATATYPES_PARAMETER].string_value = ",".join(FLOAT)
     json_format.ParseDict({"version_policy": model.version_policy or DEFAULT_POLICY}, config)
     batching = getattr(model, "batching", None)
     if batching and batching["max_batch_size"] > 1:

@@ -14,12 +14,13 @@ import difflib
 import math
 import re
 from collections.abc import Container, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from app.core.dataplane import Fields
+from app.core.halfprecision import HALF_DTYPES, narrow
 from app.core.model import Model, TensorSpec
 from app.core.tensors import DATATYPES, check_finite, check_shape, decode_binary
 from app.errors import InvalidInput, shown
@@ -49,6 +50,7 @@ FIELDS = Fields(
     eps="parameters.eps",
     eps_mode="parameters.eps_mode",
     padding_mask="inputs.padding_mask",
+    dtype="outputs.output.parameters.datatype",
 )
 
 
@@ -56,9 +58,19 @@ FIELDS = Fields(
 class InferRequest:
     id: str | None
     input: Any  # the data plane's input, built by the model's kind (checked)
-    datatype: str  # of `input`: every output is sent in it
+    datatype: str  # of `input`: every output is sent in it unless `output_datatypes` names another
     outputs: list[tuple[str, bool]]  # the outputs to send, in order, and whether each goes binary (HTTP)
     ignored: tuple[str, ...] = ()  # request parameters no model reads: answered back in the response's parameters
+    output_datatypes: dict[str, str] = field(default_factory=dict)  # outputs[i].parameters.datatype, where asked
+
+    def datatype_of(self, name: str) -> str:
+        """The datatype an output is sent in: the one asked for it, else the input's."""
+        return self.output_datatypes.get(name, self.datatype)
+
+    @property
+    def dtype(self) -> str:
+        """The datatype the model computes its `output` in (the data plane's dtype)."""
+        return self.datatype_of("output")
 
 
 def parameters(raw: Any, model: Model) -> dict[str, Any]:
@@ -133,10 +145,7 @@ def input_spec(name: Any, index: int, model: Model, given: Container[str]) -> Te
 def tensor_header(spec: TensorSpec, datatype: Any, shape: Any, settings: Settings) -> tuple[str, list[int]]:
     """An input's datatype (one its spec accepts) and shape (rank and element limits), checked."""
     field = f"inputs.{spec.name}"
-    if datatype not in spec.datatypes:
-        raise InvalidInput(
-            f"datatype {shown(datatype)} is not supported; expected {' or '.join(spec.datatypes)}", field
-        )
+    check_datatype(datatype, spec, field)
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
         raise InvalidInput(f"expected a list of integers, got {shown(shape)}", f"{field}.shape")
     if not 1 <= len(shape) <= settings.max_depth:
@@ -145,6 +154,20 @@ def tensor_header(spec: TensorSpec, datatype: Any, shape: Any, settings: Setting
         )
     check_shape(shape, field, settings.max_elements)
     return datatype, shape
+
+
+def check_datatype(datatype: Any, spec: TensorSpec, field: str) -> None:
+    """A tensor's datatype, sent or asked for an output, is one its spec takes."""
+    if datatype not in spec.datatypes:
+        *others, last = spec.datatypes
+        expected = f"{', '.join(others)} or {last}" if others else last
+        raise InvalidInput(f"datatype {shown(datatype)} is not supported; expected {expected}", field)
+
+
+def from_numbers(arr: np.ndarray, datatype: str, field: str) -> np.ndarray:
+    """Numbers sent inline (JSON data, gRPC fp32_contents) for a half-precision tensor, rounded to it as Triton
+    reads FP16 JSON; a number beyond its range is refused naming the field, not sent on as inf."""
+    return narrow(arr, datatype, field) if datatype in HALF_DTYPES else arr
 
 
 def tensor_parameters(params: Any, spec: TensorSpec, allowed: tuple[str, ...]) -> dict[str, Any]:
@@ -199,7 +222,7 @@ def requested_outputs(
             raise InvalidInput("requested twice", f"outputs.{name}")
         params = {} if raw_params is None else raw_params  # not `or`: [], 0, "" and false are not objects
         if not isinstance(params, dict) or any(k not in allowed for k in params):
-            only = f"; only {' or '.join(allowed)} is" if allowed else ""
+            only = f"; only {' and '.join(allowed)} {'is' if len(allowed) == 1 else 'are'}" if allowed else ""
             raise InvalidInput(f"parameters {shown(params)} are not supported{only}", f"outputs.{name}")
         binary = params.get("binary_data", binary_default)
         if not isinstance(binary, bool):
@@ -208,11 +231,26 @@ def requested_outputs(
     return chosen or [(n, binary_default) for n in names]  # none named: every output, as Triton does
 
 
+def output_datatypes(entries: Iterable[tuple[Any, Any]], model: Model) -> dict[str, str]:
+    """The datatype asked for each output (its parameters.datatype), by name; after `requested_outputs`."""
+    specs = {t.name: t for t in model.outputs}
+    asked = {}
+    for name, params in entries:
+        datatype = params.get("datatype") if isinstance(params, dict) else None
+        if datatype is not None:
+            check_datatype(datatype, specs[name], f"outputs.{name}.parameters.datatype")
+            asked[name] = datatype
+    return asked
+
+
 def output_tensors(model: Model, req: InferRequest, result: Any) -> Iterable[tuple[str, np.ndarray, bool]]:
-    """Each requested output in the request's datatype, refused if it does not fit it: (name, array, binary)."""
+    """Each requested output in its datatype, refused if it does not fit it: (name, array, binary)."""
     tensors: Mapping[str, np.ndarray] = model.to_tensors(result)
     for name, binary in req.outputs:
-        arr = tensors[name]
-        check_finite(arr, f"outputs.{name}", req.datatype)
+        arr, datatype, where = tensors[name], req.datatype_of(name), f"outputs.{name}"
+        if datatype in HALF_DTYPES:  # rounded once (`output` was, by the model), beyond the range refused
+            yield name, narrow(arr, datatype, where), binary
+            continue
+        check_finite(arr, where, datatype)
         # not ascontiguousarray: it makes a scalar [1]
-        yield name, np.asarray(arr, dtype=DATATYPES[req.datatype], order="C"), binary
+        yield name, np.asarray(arr, dtype=DATATYPES[datatype], order="C"), binary

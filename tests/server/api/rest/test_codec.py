@@ -144,7 +144,7 @@ ROW = [0.1] * D
             b'{"data": [1, 2], "colour": 1}',
             422,
             "colour: unknown field; expected only data, gamma, beta, model, version, normalized_shape, eps, eps_mode, "
-            "backend, validate",
+            "backend, validate, dtype",
             id="extra-field",
         ),
         pytest.param(

@@ -212,7 +212,7 @@ ERRORS = [
         _json(_fp32([1, 2], datatype="INT32")),
         {},
         400,
-        "inputs.input: datatype 'INT32' is not supported; expected FP32 or FP64",
+        "inputs.input: datatype 'INT32' is not supported; expected FP32, FP64, FP16 or BF16",
         id="datatype",
     ),
     pytest.param(
@@ -374,7 +374,7 @@ ERRORS = [
         _json(_fp32([1.0]), outputs=[{"name": "mean", "parameters": {"classification": 2}}]),
         {},
         400,
-        "outputs.mean: parameters {'classification': 2} are not supported; only binary_data is",
+        "outputs.mean: parameters {'classification': 2} are not supported; only binary_data and datatype are",
         id="classification",
     ),
     pytest.param(

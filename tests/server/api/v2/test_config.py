@@ -47,8 +47,16 @@ def test_a_batching_encoder_says_so_and_a_layernorm_does_not(runtime: Runtime) -
     assert encoder["parameters"] == {
         "max_merged_rows": {"string_value": "8"},
         "max_merged_sequence_length": {"string_value": "64"},
+        "datatypes": {"string_value": "FP32,FP64,FP16,BF16"},
     }
     assert "dynamic_batching" not in to_json(model_config(runtime.get("layernorm")))
+
+
+@pytest.mark.parametrize("name", ["layernorm", "encoder"])
+def test_the_config_lists_the_datatypes_its_fp32_tensors_also_take(runtime: Runtime, name: str) -> None:
+    doc = to_json(model_config(runtime.get(name)))
+    assert doc["parameters"]["datatypes"] == {"string_value": "FP32,FP64,FP16,BF16"}
+    assert {t["data_type"] for t in doc["input"][:1] + doc["output"]} == {"TYPE_FP32"}
 
 
 def test_a_model_json_sets_the_policy_and_the_batching(tmp_path: Path) -> None:

@@ -87,7 +87,7 @@ def test_an_input_must_be_named_known_and_given_once(runtime: Runtime, name: Any
 @pytest.mark.parametrize(
     ("datatype", "shape", "message"),
     [
-        ("INT8", [2], "inputs.input: datatype 'INT8' is not supported; expected FP32 or FP64"),
+        ("INT8", [2], "inputs.input: datatype 'INT8' is not supported; expected FP32, FP64, FP16 or BF16"),
         ("FP32", "2x3", "inputs.input.shape: expected a list of integers, got '2x3'"),
         ("FP32", [True], "inputs.input.shape: expected a list of integers, got [True]"),
         ("FP32", [1, 1, 1, 1, 1], "inputs.input.shape: rank 5; expected 1..4 (NORMSERVE_MAX_DEPTH)"),
