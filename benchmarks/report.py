@@ -146,7 +146,7 @@ def _half(results: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     return [
-        "### Half precision: V2 binary FP16 beside FP32, per byte moved\n",
+        "## Half precision: V2 binary FP16 beside FP32, per byte moved\n",
         "The same rows as section 3's normserve V2 binary rows (the FP16 request is the FP32 sample rounded to "
         "FP16, answered in FP16 and checked within one FP16 ulp of float64 LayerNorm before it is timed). Bytes "
         "moved: the input tensor in and the output tensor back.\n",

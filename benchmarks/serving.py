@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 
 from app.core import reference
+from app.core.halfprecision import ulp_errors
 from benchmarks import grpc_load, servers
 from benchmarks.inprocess import binary_request, sample
 from benchmarks.load import Request, check, load
@@ -95,11 +96,9 @@ def array_verifier(protocol: str, x: np.ndarray) -> Callable[[np.ndarray], None]
 def half_verifier(x: np.ndarray) -> Callable[[np.ndarray], None]:
     """Checks an FP16 answer: within one FP16 ulp of float64 LayerNorm on the FP16 values x (issue 26)."""
     want = reference.layer_norm(x.astype(np.float64), 1, 1e-5, "var").output
-    # One FP16 ulp at each value's binade: 2**-10 of its power of two, the subnormals' spacing below 2**-14.
-    ulp = np.exp2(np.floor(np.log2(np.maximum(np.abs(want), 2.0**-14))) - 10)
 
     def verify(got: np.ndarray) -> None:
-        worst = float((np.abs(got.astype(np.float64).reshape(want.shape) - want) / ulp).max())
+        worst = float(ulp_errors(got.reshape(want.shape), want, "FP16").max())
         if not worst <= 1:
             raise RuntimeError(f"{HALF}: answer differs from the reference by {worst:.3g} FP16 ulps")
 

@@ -25,7 +25,7 @@ SECTION_HEADINGS = [
     "### The floor of a V2 binary request",
     "## 2. Codec costs",
     "## 3. Over HTTP on 127.0.0.1",
-    "### Half precision: V2 binary FP16 beside FP32, per byte moved",
+    "## Half precision: V2 binary FP16 beside FP32, per byte moved",
     "## 4. /encode with dynamic batching off and on",
     "## 5. Peak memory of a worker serving one large request",
 ]
