@@ -20,6 +20,8 @@ HALF_DTYPES: dict[str, np.dtype[Any]] = {"FP16": np.dtype("<f2"), "BF16": np.dty
 # The `dtype` field of /normalize and /encode: its names (NumPy's) and the V2 datatypes they mean.
 JSON_DTYPES: dict[str, str] = {"float16": "FP16", "bfloat16": "BF16"}
 NAMES: dict[str, str] = {"FP16": "float16", "BF16": "bfloat16", "FP32": "float32", "FP64": "float64"}
+# Every FP16 value as float32, by its bits (256 KiB): widening is a lookup.
+_FP16_VALUES = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 # Significant decimal digits that always round-trip: ceil(p * log10(2)) + 1 for p bits of precision.
 ROUND_TRIP_DIGITS: dict[str, int] = {"FP16": 5, "BF16": 4}
 
@@ -36,30 +38,37 @@ def limit(datatype: str) -> float:
 
 def widen(x: np.ndarray) -> np.ndarray:
     """A half-precision array as float32: exact, every half value is a float32."""
-    out: np.ndarray = np.asarray(x, dtype=np.float32)
-    return out
+    if x.dtype == np.float16:  # NumPy's cast converts one element at a time; a table lookup is 2-10x faster
+        out: np.ndarray = np.take(_FP16_VALUES, x.view(np.uint16))
+        return out
+    return np.asarray(x, dtype=np.float32)
 
 
 def narrow(y: np.ndarray, datatype: str, field: str) -> np.ndarray:
     """float32 or float64 values rounded once to the nearest value of a half type (ties to even).
 
     A finite value beyond the type's range is an InvalidInput naming the field (and the element), not inf."""
-    dt = HALF_DTYPES[datatype]
     y = np.asarray(y)
-    if y.dtype == dt:
+    if y.dtype == HALF_DTYPES[datatype]:
         return y
-    with np.errstate(over="ignore", invalid="ignore"):
-        out = narrow_exact(y, datatype)
-        # min and max carry any inf or nan out: no temporaries the size of the tensor unless one is bad.
-        top = limit(datatype)
-        if y.size == 0 or (-top <= float(out.min()) and float(out.max()) <= top):
-            return out
-        bad = ~np.isfinite(out.astype(np.float32))
-    index = [int(i) for i in np.argwhere(bad)[0]]
-    value = float(y[tuple(index)])
-    raise InvalidInput(
-        f"element {index} = {value:.9g} is outside {NAMES[datatype]}'s finite range ({range_text(datatype)})", field
-    )
+    # Checked on y, before rounding: NumPy's min and max of a half-precision array are 40x slower than of float32.
+    # min and max carry any nan out, and they make no temporaries the size of the tensor unless a value is bad.
+    bound = overflow_bound(datatype)
+    with np.errstate(invalid="ignore"):
+        if y.size and not (-bound < float(y.min()) and float(y.max()) < bound):
+            index = [int(i) for i in np.argwhere(~(np.abs(y) < bound))[0]]
+            value = float(y[tuple(index)])
+            raise InvalidInput(
+                f"element {index} = {value:.9g} is outside {NAMES[datatype]}'s finite range ({range_text(datatype)})",
+                field,
+            )
+    return narrow_exact(y, datatype)
+
+
+def overflow_bound(datatype: str) -> float:
+    """Half a spacing past the largest value: what rounds to inf in the half type (ties go to inf, the even one)."""
+    info = finfo(HALF_DTYPES[datatype])
+    return limit(datatype) + math.ldexp(1.0, int(info.maxexp) - 2 - int(info.nmant))
 
 
 def uncertain(z: np.ndarray, err: float, datatype: str) -> np.ndarray:
@@ -149,6 +158,8 @@ def _shortest_one(v: float, value: Any, datatype: str) -> float:
 def narrow_exact(y: np.ndarray, datatype: str) -> np.ndarray:
     """Values rounded once to a half type, inf past its range (no check: `narrow` checks)."""
     dt = HALF_DTYPES[datatype]
+    if y.dtype.kind != "f":  # integers (JSON numbers may be): exact in float64 up to 2**53, far past the range
+        y = y.astype(np.float64)
     # NumPy rounds float64 to float16 directly; ml_dtypes goes through float32, which could round twice.
     wide = y.dtype != np.float32 and dt != np.float16
     with np.errstate(over="ignore", invalid="ignore"):

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from app.core.halfprecision import HALF_DTYPES, finfo
+from app.core.halfprecision import HALF_DTYPES, finfo, widen
 from app.errors import InvalidInput, MalformedBody
 
 # KServe V2 / Triton datatype names and their little-endian NumPy dtypes.
@@ -96,7 +96,7 @@ def decode_json_tensor(
 def to_finite_float(arr: np.ndarray, field: str) -> np.ndarray:
     """Cast to float32 (no copy when it already is) and refuse any element outside float32's finite range."""
     with np.errstate(over="ignore", invalid="ignore"):
-        out = np.asarray(arr, dtype=np.float32)
+        out = widen(arr) if arr.dtype in HALF_DTYPES.values() else np.asarray(arr, dtype=np.float32)
         # min and max carry any NaN or inf out: no temporaries the size of the tensor unless one is bad.
         if -FLOAT32_MAX <= out.min() and out.max() <= FLOAT32_MAX:
             return out

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from app.core.tensors import (
+    DATATYPES,
     binary_view,
     decode_binary,
     decode_json_tensor,
@@ -99,3 +100,16 @@ def test_binary_size_mismatch_is_malformed() -> None:
 
 def test_encode_json_tensor_gives_bare_number_for_rank0() -> None:
     assert encode_json_tensor(np.float64(2.5) * np.ones(())) == 2.5
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_half_precision_binary_is_two_bytes_per_element_both_ways(datatype: str) -> None:
+    x = np.array([[1.0, -2.5], [0.099975586, 65504.0]], np.float32).astype(DATATYPES[datatype])
+    raw = bytes(binary_view(x))
+    assert len(raw) == 8
+    np.testing.assert_array_equal(
+        decode_binary(raw, datatype, [2, 2], "inputs.input").view(np.uint16), x.view(np.uint16)
+    )
+    with pytest.raises(MalformedBody) as e:
+        decode_binary(raw[:7], datatype, [2, 2], "inputs.input")
+    assert str(e.value) == f"inputs.input: binary_data_size is 7 bytes, but shape [2, 2] of {datatype} needs 8"

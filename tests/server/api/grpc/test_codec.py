@@ -13,6 +13,8 @@ import orjson
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
+from app.core import reference
+from app.core.halfprecision import HALF_DTYPES, narrow, ulp_errors, widen
 from app.core.runtime import Runtime
 from app.errors import InvalidInput
 from app.server.api.grpc import codec
@@ -180,3 +182,38 @@ def test_a_stream_response_is_marked_final_as_tritons_are(
     response = pb.ModelInferResponse.FromString(serialize_infer(encoded))
     assert codec.parameter_values(response.parameters) == parameters
     assert len(response.raw_output_contents) == 3
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_half_precision_raw_input_answers_raw_in_its_datatype(runtime: Runtime, datatype: str) -> None:
+    model, half = runtime.get("layernorm"), narrow(X, datatype, "x")
+    req = decode(runtime, request(tensors=[("input", datatype, [2, 3])], raw=[half.tobytes()]))
+    np.testing.assert_array_equal(req.input.x, widen(half))  # widened exactly
+    assert (req.datatype, req.input.dtype) == (datatype, datatype)
+    response = pb.ModelInferResponse.FromString(serialize_infer(codec.encode(model, req, model.infer(req.input))))
+    assert [(o.name, o.datatype) for o in response.outputs] == [
+        (n, datatype) for n in ("output", "mean", "inv_std_dev")
+    ]
+    assert [len(raw) for raw in response.raw_output_contents] == [12, 4, 4]  # 2 bytes per element
+    output = np.frombuffer(response.raw_output_contents[0], HALF_DTYPES[datatype]).reshape(2, 3)
+    truth = reference.layer_norm(widen(half), 1, 1e-5, "var").output
+    assert float(ulp_errors(output, truth, datatype).max()) <= 1.0
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_fp32_contents_for_a_half_datatype_are_rounded_to_it(runtime: Runtime, datatype: str) -> None:
+    r = request(tensors=[("input", datatype, [2, 3])], raw=[])
+    r.inputs[0].contents.fp32_contents.extend(X.ravel().tolist())
+    np.testing.assert_array_equal(decode(runtime, r).input.x, widen(narrow(X, datatype, "x")))
+
+
+def test_an_output_datatype_asked_in_a_string_param_is_honoured(runtime: Runtime) -> None:
+    model = runtime.get("layernorm")
+    r = request()
+    r.outputs.add(name="output").parameters["datatype"].string_param = "FP16"
+    r.outputs.add(name="mean").parameters["datatype"].string_param = "FP64"
+    req = decode(runtime, r)
+    assert (req.input.dtype, req.output_datatypes) == ("FP16", {"output": "FP16", "mean": "FP64"})
+    response = pb.ModelInferResponse.FromString(serialize_infer(codec.encode(model, req, model.infer(req.input))))
+    assert [(o.name, o.datatype) for o in response.outputs] == [("output", "FP16"), ("mean", "FP64")]
+    assert [len(raw) for raw in response.raw_output_contents] == [12, 16]

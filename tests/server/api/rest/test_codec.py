@@ -252,6 +252,27 @@ ROW = [0.1] * D
             "model: expected a model name matching [A-Za-z0-9][A-Za-z0-9_.-]{0,63}, got 'Bad Name'",
             id="model-name",
         ),
+        pytest.param(
+            "/normalize",
+            b'{"data": [[1, 2]], "dtype": "half"}',
+            422,
+            "dtype: Input should be 'float32', 'float16' or 'bfloat16' (got 'half')",
+            id="dtype-unknown",
+        ),
+        pytest.param(
+            "/normalize",
+            b'{"data": [[1, 2]], "beta": [0, -70000], "dtype": "float16"}',
+            422,
+            "beta: element [1] = -70000 is outside float16's finite range (|x| <= 65504)",
+            id="dtype-beta-beyond-range",
+        ),
+        pytest.param(
+            "/encode",
+            b'{"data": [[1e39]], "dtype": "bfloat16"}',
+            422,
+            "data: element [0, 0] = 1e+39 is outside bfloat16's finite range (|x| <= 3.389531e+38)",
+            id="dtype-data-beyond-range",
+        ),
     ],
 )
 def test_error_row(client: httpx.Client, path: str, body: bytes, status: int, message: str) -> None:
@@ -327,3 +348,19 @@ def test_server_keeps_answering_after_hostile_bodies(client: httpx.Client) -> No
     for body in (b"[" * 150_000, b"\xff\xfe", b'{"data": [' + b"1," * 100_000 + b"]}"):
         assert 400 <= client.post("/normalize", content=body).status_code < 500
     assert client.post("/normalize", json={"data": [0.2, 0.1, 0.3]}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("dtype", "printed"),
+    [
+        ("float16", b'"output":[[-1.342,-0.4473,0.4473,1.342]]'),
+        ("bfloat16", b'"output":[[-1.34,-0.447,0.447,1.34]]'),  # 1.34375 and 0.447265625
+    ],
+)
+def test_normalize_prints_each_output_as_the_shortest_decimal_of_its_dtype(
+    client: httpx.Client, dtype: str, printed: bytes
+) -> None:
+    # +-1.3416 and +-0.4472 are far from halfway between two values of either type: no kernel's digit decides them.
+    r = client.post("/normalize", json={"data": [[1, 2, 3, 4]], "dtype": dtype})
+    assert r.status_code == 200, r.text
+    assert printed in r.content

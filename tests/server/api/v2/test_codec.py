@@ -16,6 +16,8 @@ import numpy as np
 import orjson
 import pytest
 
+from app.core import reference
+from app.core.halfprecision import HALF_DTYPES, narrow, ulp_errors, widen
 from app.core.runtime import Runtime
 from app.core.seeds import SEED003
 from tests.live_server import live_server
@@ -739,3 +741,36 @@ def test_not_ready_server_answers_503_for_the_model_that_failed_and_serves_the_o
         _assert_error(c.get("/v2/models/layernorm/versions/1/config"), 503, f"server is not ready: {reason}")
         assert c.get("/v2/models/encoder/versions/1/config").status_code == 200
         assert c.post(ENC, content=_json(_fp32([[[0.0] * D]]))).status_code == 200
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_half_precision_binary_in_is_two_bytes_per_element_out(client: httpx.Client, datatype: str) -> None:
+    x = narrow(np.asarray(SEED003.x), datatype, "x")
+    body, headers = _binary([("input", datatype, [2, 3], x.tobytes())], parameters={"binary_data_output": True})
+    r = client.post(LN, content=body, headers=headers)
+    assert r.status_code == 200, r.text
+    n = int(r.headers[HEADER])
+    head = orjson.loads(r.content[:n])
+    assert [(o["name"], o["datatype"], o["parameters"]["binary_data_size"]) for o in head["outputs"]] == [
+        ("output", datatype, 12),
+        ("mean", datatype, 4),
+        ("inv_std_dev", datatype, 4),
+    ]
+    output = np.frombuffer(r.content[n : n + 12], HALF_DTYPES[datatype]).reshape(2, 3)
+    truth = reference.layer_norm(widen(x), 1, 1e-5, "var").output
+    assert float(ulp_errors(output, truth, datatype).max()) <= 1.0
+
+
+@pytest.mark.parametrize(("datatype", "dtype"), [("FP16", "float16"), ("BF16", "bfloat16")])
+def test_half_precision_json_equals_post_normalize_with_dtype(client: httpx.Client, datatype: str, dtype: str) -> None:
+    """JSON numbers rounded to the type on both routes, the same values out: V2 prints them exactly (as float64
+    does), /normalize as the shortest decimals of the type."""
+    r = client.post(LN, content=_json(_fp32(SEED003_X, datatype=datatype)))
+    assert r.status_code == 200, r.text
+    v2 = {o["name"]: o for o in r.json()["outputs"]}
+    assert v2["output"]["datatype"] == datatype
+    rest = client.post("/normalize", json={"data": SEED003_X, "dtype": dtype}).json()
+    exact = np.array(v2["output"]["data"], np.float64)
+    np.testing.assert_array_equal(widen(narrow(exact, datatype, "output")), exact)  # printed exactly
+    shortest = narrow(np.array(rest["output"], np.float64), datatype, "output").ravel()
+    np.testing.assert_array_equal(widen(shortest), exact)

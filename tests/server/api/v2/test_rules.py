@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import pytest
 
+from app.core.halfprecision import HALF_DTYPES
 from app.core.runtime import Runtime
 from app.errors import InvalidInput, MalformedBody
 from app.server.api.v2 import rules
@@ -261,3 +263,87 @@ def test_an_output_that_does_not_fit_the_requests_datatype_is_refused() -> None:
 
 def rules_input(model: Any, x: np.ndarray) -> Any:
     return model.from_tensors({"input": x}, {}, rules.FIELDS)
+
+
+# ---- half precision (issue 26) ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("datatype", "message"),
+    [
+        ("INT8", "inputs.input: datatype 'INT8' is not supported; expected FP32, FP64, FP16 or BF16"),
+        ("fp16", "inputs.input: datatype 'fp16' is not supported; expected FP32, FP64, FP16 or BF16"),
+    ],
+)
+def test_a_datatype_the_spec_does_not_take_is_refused_listing_what_it_takes(
+    runtime: Runtime, datatype: str, message: str
+) -> None:
+    spec = runtime.get("layernorm").inputs[0]
+    assert _refused(rules.check_datatype, datatype, spec, "inputs.input") == message
+    for taken in ("FP32", "FP64", "FP16", "BF16"):
+        rules.check_datatype(taken, spec, "inputs.input")
+
+
+@pytest.mark.parametrize(
+    ("datatype", "numbers", "expected"),
+    [
+        ("FP16", [0.1, 1000.3, 3], [0.0999755859375, 1000.5, 3.0]),  # the nearest FP16 values
+        ("BF16", [0.1, 1000.3, 3], [0.10009765625, 1000.0, 3.0]),
+        ("FP32", [0.1, 1000.3, 3], [0.1, 1000.3, 3.0]),  # as sent: the data plane casts it
+    ],
+)
+def test_inline_numbers_are_rounded_to_a_half_type(datatype: str, numbers: list[float], expected: list[float]) -> None:
+    arr = rules.from_numbers(np.array(numbers), datatype, "inputs.input")
+    assert arr.astype(np.float64).tolist() == expected
+
+
+def test_inline_numbers_beyond_the_half_range_are_refused_naming_the_tensor() -> None:
+    message = _refused(rules.from_numbers, np.array([[1.0, -65520.0]]), "FP16", "inputs.gamma")
+    assert message == "inputs.gamma: element [0, 1] = -65520 is outside float16's finite range (|x| <= 65504)"
+
+
+@pytest.mark.parametrize(
+    ("entries", "expected"),
+    [
+        ([], {}),
+        (
+            [("mean", {"datatype": "FP64"}), ("output", {"datatype": "BF16", "binary_data": True})],
+            {"mean": "FP64", "output": "BF16"},
+        ),
+        ([("output", None), ("inv_std_dev", {})], {}),
+    ],
+)
+def test_output_datatypes_are_read_from_each_outputs_parameters(
+    runtime: Runtime, entries: Any, expected: dict[str, str]
+) -> None:
+    assert rules.output_datatypes(entries, runtime.get("layernorm")) == expected
+
+
+def test_an_output_datatype_the_output_does_not_take_is_refused(runtime: Runtime) -> None:
+    entries = [("output", {"datatype": "FP8"})]
+    assert _refused(rules.output_datatypes, entries, runtime.get("layernorm")) == (
+        "outputs.output.parameters.datatype: datatype 'FP8' is not supported; expected FP32, FP64, FP16 or BF16"
+    )
+
+
+def test_each_output_goes_in_its_asked_datatype_else_the_inputs(runtime: Runtime) -> None:
+    model = runtime.get("layernorm")
+    x = np.array([[1.0, 2.0, 4.0]], np.float16)
+    asked = {"output": "FP32", "inv_std_dev": "BF16"}
+    req = rules.InferRequest(None, None, "FP16", [("output", False), ("mean", False), ("inv_std_dev", True)], (), asked)
+    assert (req.dtype, req.datatype_of("mean")) == ("FP32", "FP16")
+    req = dataclasses.replace(req, input=model.from_tensors({"input": x}, {}, rules.FIELDS, req.dtype))
+    out = list(rules.output_tensors(model, req, model.infer(req.input)))
+    assert [(n, a.dtype, b) for n, a, b in out] == [
+        ("output", np.float32, False),
+        ("mean", np.float16, False),
+        ("inv_std_dev", HALF_DTYPES["BF16"], True),
+    ]
+    assert float(out[1][1][0]) == float(np.float16(7 / 3))  # the float64 mean, rounded once
+
+
+def test_an_output_beyond_its_half_range_is_refused_naming_it() -> None:
+    req = rules.InferRequest(None, None, "FP16", [("output", False)])
+    assert _refused(list, rules.output_tensors(_Float64Result(), req, None)) == (  # type: ignore[arg-type]
+        "outputs.output: element [1] = 1e+300 is outside float16's finite range (|x| <= 65504)"
+    )
