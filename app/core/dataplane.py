@@ -78,7 +78,7 @@ class NormalizeInput:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= rank:
             raise InvalidInput(f"expected an integer in 1..{rank} (the input's rank), got {shown(self.k)}", f.k)
         # Only a cast to float32 from a wider type can round distinct values together (half types widen exactly).
-        if source.dtype != np.float32 and source.dtype.itemsize > 2:
+        if source.dtype != np.float32 and source.dtype not in HALF_DTYPES.values():
             set_(self, "warnings", rounded_together(source, self.x, self.k, f.x))
         for name in ("gamma", "beta"):
             value = getattr(self, name)

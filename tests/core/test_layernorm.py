@@ -305,16 +305,17 @@ def test_warm_up_figure_is_under_its_tolerance_and_reproducible(model: LayerNorm
 
 @pytest.mark.parametrize("case", HALF_CASES, ids=[c.id for c in HALF_CASES])
 @pytest.mark.parametrize("eps_mode", ["var", "std"])
+@pytest.mark.parametrize("eps", [1e-5, 1e-12, 1000.0])
 @pytest.mark.parametrize("backend", ["onnxruntime", "numpy"])
 def test_half_precision_output_is_within_one_ulp_of_the_float64_truth(
-    model: LayerNormModel, case: HalfCase, eps_mode: str, backend: Backend
+    model: LayerNormModel, case: HalfCase, eps_mode: str, eps: float, backend: Backend
 ) -> None:
-    req = NormalizeInput(case.x, 1, 1e-5, eps_mode, case.gamma, case.beta, backend, dtype=case.datatype)
+    req = NormalizeInput(case.x, 1, eps, eps_mode, case.gamma, case.beta, backend, dtype=case.datatype)
     out = model.infer(req)
     assert out.output.dtype == HALF_DTYPES[case.datatype]
-    assert float(ulp_errors(out.output, case.truth(1e-5, eps_mode), case.datatype).max()) <= 1.0
+    assert float(ulp_errors(out.output, case.truth(eps, eps_mode), case.datatype).max()) <= 1.0
     # The statistics stay float64, of the exact half-precision values.
-    ref = reference.layer_norm(widen(case.x), 1, 1e-5, eps_mode)
+    ref = reference.layer_norm(widen(case.x), 1, eps, eps_mode)
     np.testing.assert_array_equal(out.mean, ref.mean)
     np.testing.assert_array_equal(out.var, ref.var)
 

@@ -130,6 +130,8 @@ def test_model_config_is_tritons_with_the_models_tensors(
     assert got_inputs == [(s.name, types[s.datatypes[0]], list(s.shape), s.optional) for s in m.inputs]
     got_outputs = [(o.name, tg.model_config_pb2.DataType.Name(o.data_type), list(o.dims)) for o in config.output]
     assert got_outputs == [(s.name, types[s.datatypes[0]], list(s.shape)) for s in m.outputs]
+    # data_type holds one datatype; the others every TYPE_FP32 tensor takes are listed, as over HTTP.
+    assert config.parameters["datatypes"].string_value == "FP32,FP64,FP16,BF16"
 
 
 def test_repository_index_lists_every_model_ready(triton: tg.InferenceServerClient) -> None:
