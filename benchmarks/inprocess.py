@@ -215,15 +215,15 @@ def _codec_cases(
     }
 
 
-def binary_request(x: np.ndarray) -> tuple[bytes, bytes]:
-    """A V2 binary infer request for layernorm: the JSON header and the raw bytes after it."""
+def binary_request(x: np.ndarray, datatype: str = "FP32") -> tuple[bytes, bytes]:
+    """A V2 binary infer request for layernorm: the JSON header and the raw bytes after it (x of datatype)."""
     header = orjson.dumps(
         {
             "inputs": [
                 {
                     "name": "input",
                     "shape": list(x.shape),
-                    "datatype": "FP32",
+                    "datatype": datatype,
                     "parameters": {"binary_data_size": x.nbytes},
                 }
             ],

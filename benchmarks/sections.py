@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from benchmarks.inprocess import TORCH, shape_label
+from benchmarks.targets import half_pairs, tensor_mb
 
 Results = dict[str, Any]
 LOAD_COLUMNS = ["req/s", "p50 ms", "p99 ms", "server CPU ms/req", "errors"]
@@ -34,7 +35,7 @@ def sections(results: Results) -> list[str]:
     steps: list[Callable[[Results], list[str]]] = [_floor, _threads, _stats_cost, _encoder_torch, _codecs]
     if "codecs" in results:
         steps += [_json_floor, _binary_floor]
-    steps += [_http, _batching, _merged_runs, _memory, _fidelity]
+    steps += [_http, _half, _batching, _merged_runs, _memory, _fidelity]
     return [part for step in steps for part in step(results)]
 
 
@@ -254,3 +255,22 @@ def _memory_row(r: dict[str, Any]) -> list[Any]:
 
 def _fidelity(results: Results) -> list[str]:
     return ["## Fidelity\n", f"{results['fidelity']}\n"] if "fidelity" in results else []
+
+
+def _half(results: Results) -> list[str]:
+    """normserve's V2 binary FP32 and FP16 rows of section 3 side by side, per byte of tensor moved."""
+    rows = []
+    for cell in (c for pair in half_pairs(results) for c in pair):
+        mb = tensor_mb(cell)
+        dtype = "FP16" if cell["protocol"] != "V2 binary" else "FP32"
+        per = [f"{mb:.2f}", f"{cell['rps'] * mb:.0f}", f"{cell['p50_ms'] / mb:.3g}"]
+        rows.append([shape_label(cell["shape"]), dtype, cell["concurrency"], f"{cell['rps']:.1f}", *per])
+    if not rows:
+        return []
+    return [
+        "## Half precision: V2 binary FP16 beside FP32, per byte moved\n",
+        "The same rows as section 3's normserve V2 binary rows (the FP16 request is the FP32 sample rounded to "
+        "FP16, answered in FP16 and checked within one FP16 ulp of float64 LayerNorm before it is timed). Bytes "
+        "moved: the input tensor in and the output tensor back.\n",
+        table(["shape", "datatype", "concurrency", "req/s", "tensor MB per request", "MB/s", "p50 ms per MB"], rows),
+    ]

@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 
 from app.core import reference
+from app.core.halfprecision import ulp_errors
 from benchmarks import grpc_load, servers
 from benchmarks.inprocess import binary_request, sample
 from benchmarks.load import Request, check, load
@@ -24,10 +25,11 @@ LAYERNORM_INFER = "/v2/models/layernorm/infer"
 GRPC = "gRPC"  # ModelInfer with raw tensors on NORMSERVE_GRPC_PORT (benchmarks/grpc_load.py)
 JSON = {"Content-Type": "application/json"}
 TRACED = "normserve, tracing on"  # normserve exporting a span per request to a receiver on loopback
+HALF = "V2 binary FP16"  # the V2 binary request in half precision, at the plan's largest shape (issue 26's row)
 TRIVIAL = "trivial"  # the HTTP floor (benchmarks/peers/trivial_asgi.py): fed the /normalize body, answers a constant
 # Which protocols each server speaks (the naive peer has only its /normalize; KServe and MLServer only V2).
 PROTOCOLS = {
-    "normserve": ("/normalize JSON", "V2 JSON", "V2 binary", GRPC),
+    "normserve": ("/normalize JSON", "V2 JSON", "V2 binary", HALF, GRPC),
     TRACED: ("/normalize JSON",),
     TRIVIAL: ("/normalize JSON",),
     "naive": ("/normalize JSON",),
@@ -35,6 +37,7 @@ PROTOCOLS = {
     "mlserver": ("V2 JSON", GRPC),
 }
 MATCH_ATOL = 1e-4  # every server's answer is checked against the NumPy reference before it is timed
+BINARY_DTYPES = {"FP32": np.float32, "FP16": np.float16}
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ def make_request(protocol: str, x: np.ndarray) -> Request:
         doc = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel()}]}
         doc["outputs"] = [{"name": "output"}]
         return Request(LAYERNORM_INFER, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), JSON)
-    header, blob = binary_request(x)
+    header, blob = binary_request(x.astype(np.float16), "FP16") if protocol == HALF else binary_request(x)
     headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}
     return Request(LAYERNORM_INFER, header + blob, headers)
 
@@ -68,7 +71,7 @@ def output_of(protocol: str, response: httpx.Response) -> np.ndarray:
     out = next(o for o in head["outputs"] if o["name"] == "output")
     if length:
         raw = response.content[int(length) : int(length) + out["parameters"]["binary_data_size"]]
-        return np.frombuffer(raw, np.float32).reshape(out["shape"])
+        return np.frombuffer(raw, BINARY_DTYPES[out["datatype"]]).reshape(out["shape"])
     return np.asarray(out["data"], np.float32).reshape(out["shape"])
 
 
@@ -78,12 +81,26 @@ def _verifier(protocol: str, x: np.ndarray) -> Callable[[httpx.Response], None]:
 
 
 def array_verifier(protocol: str, x: np.ndarray) -> Callable[[np.ndarray], None]:
+    if protocol == HALF:
+        return half_verifier(x.astype(np.float16))
     want = reference.layer_norm(x, 1, 1e-5, "var").output
 
     def verify(got: np.ndarray) -> None:
         diff = float(np.abs(got.reshape(want.shape) - want).max())
         if not diff <= MATCH_ATOL:
             raise RuntimeError(f"{protocol}: answer differs from the reference by {diff:.3g}")
+
+    return verify
+
+
+def half_verifier(x: np.ndarray) -> Callable[[np.ndarray], None]:
+    """Checks an FP16 answer: within one FP16 ulp of float64 LayerNorm on the FP16 values x (issue 26)."""
+    want = reference.layer_norm(x.astype(np.float64), 1, 1e-5, "var").output
+
+    def verify(got: np.ndarray) -> None:
+        worst = float(ulp_errors(got.reshape(want.shape), want, "FP16").max())
+        if not worst <= 1:
+            raise RuntimeError(f"{HALF}: answer differs from the reference by {worst:.3g} FP16 ulps")
 
     return verify
 
@@ -96,6 +113,8 @@ def http_section(plan: HttpPlan, log: Callable[[str], None]) -> list[dict[str, A
         with _server(name, grpc_port) as srv:
             for protocol in PROTOCOLS[name]:
                 for shape in plan.shapes:
+                    if protocol == HALF and shape != plan.shapes[-1]:
+                        continue
                     if all(plan.skip(name, shape, conc) for conc in plan.concurrencies):
                         continue
                     x = sample(shape)

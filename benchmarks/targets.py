@@ -7,12 +7,13 @@ minimal grpcio server for V2 binary, torch for the in-process rows, the body for
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 from benchmarks.floors import GRPC_FLOOR
 from benchmarks.inprocess import TORCH
-from benchmarks.serving import TRACED, TRIVIAL
+from benchmarks.serving import HALF, TRACED, TRIVIAL
 
 SMALL, LARGE = (1, 8, 64), (8, 128, 768)
 JSON = "/normalize JSON"
@@ -205,7 +206,42 @@ def _batching(results: dict[str, Any]) -> list[Row]:
     return rows
 
 
-SECTIONS: list[Callable[[dict[str, Any]], list[Row]]] = [_tracing, _in_process, _encoder, _binary, _memory, _batching]
+def tensor_mb(cell: dict[str, Any]) -> float:
+    """MB of tensor data a V2 binary request moves: its input in and its output back, in its datatype."""
+    return 2 * (2 if cell["protocol"] == HALF else 4) * int(math.prod(cell["shape"])) / 1e6
+
+
+def half_pairs(results: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(FP32 cell, FP16 cell) of normserve's V2 binary rows at each shape and concurrency both ran."""
+    pairs = []
+    for cell in results.get("http", []):
+        if (cell["server"], cell["protocol"]) == ("normserve", HALF):
+            fp32 = _cell(results, "normserve", "V2 binary", tuple(cell["shape"]), cell["concurrency"])
+            if fp32:
+                pairs.append((fp32, cell))
+    return pairs
+
+
+def _half(results: dict[str, Any]) -> list[Row]:
+    """Issue 26: the FP16 row moves its tensor bytes no slower than the FP32 row moves its own."""
+    rows = []
+    for fp32, fp16 in half_pairs(results):
+        per32, per16 = fp32["rps"] * tensor_mb(fp32), fp16["rps"] * tensor_mb(fp16)
+        target = f"{HALF} {tuple(fp16['shape'])} c={fp16['concurrency']}: no slower than the FP32 row per byte moved"
+        measured = f"{per16:.0f} vs {per32:.0f} MB/s of tensors in + out ({fp16['rps']:.1f} vs {fp32['rps']:.1f} req/s)"
+        rows.append([target, measured, f"{per16 / per32:.2f}x the FP32 row", _verdict(per16 >= per32)])
+    return rows
+
+
+SECTIONS: list[Callable[[dict[str, Any]], list[Row]]] = [
+    _tracing,
+    _in_process,
+    _encoder,
+    _binary,
+    _half,
+    _memory,
+    _batching,
+]
 
 
 def evaluate(results: dict[str, Any]) -> list[Row]:

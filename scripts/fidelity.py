@@ -1,4 +1,5 @@
-"""Fidelity of float32 LayerNorm against float64 math: torch, plain onnxruntime and normserve (docs/fidelity.md)."""
+"""Fidelity of float32, FP16 and BF16 LayerNorm against float64 math: torch, plain onnxruntime and normserve
+(docs/fidelity.md)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ import numpy as np
 
 # Run as a file (python scripts/fidelity.py) the repository root is not on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling fidelity_half, when loaded from elsewhere
+
+import fidelity_half
 
 from app.core import reference
 from app.core.conditioning import REFINE_TOL, condition_rows, refine_rows
@@ -214,7 +218,8 @@ def time_both(model_dir: Path, shape: Sequence[int], repeats: int) -> list[tuple
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Compute the fidelity table and timing, write fidelity.md and fidelity.png; 1 if normserve misses its bound."""
+    """Compute the fidelity tables and timing, write fidelity.md and fidelity.png; 1 if normserve misses a bound
+    (float32: error / bound above 1; FP16 and BF16: more than 1 ulp)."""
     p = argparse.ArgumentParser(prog="fidelity", description=__doc__)
     p.add_argument("--models", type=Path, default=ROOT / "models", help="folder with layernorm.onnx and manifest.json")
     p.add_argument("--out-dir", type=Path, default=ROOT / "docs", help="where fidelity.md and fidelity.png go")
@@ -230,11 +235,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = run_grid(runtime, shape, CASES)
     print(f"fidelity: timing {timing_shape}, {args.repeats} runs per path", file=sys.stderr)
     timing = time_both(args.models, timing_shape, args.repeats)
+    print(f"fidelity: FP16 and BF16 grids of {shape}", file=sys.stderr)
+    with one_torch_thread():
+        half = fidelity_half.run_grid(runtime, shape)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     write_plot(table, args.out_dir / "fidelity.png")
     worst = write_markdown(table, timing, shape, timing_shape, args.repeats, args.out_dir / "fidelity.md")
-    print(f"fidelity: normserve worst error / bound {worst:.3g}; wrote {args.out_dir}/fidelity.md", file=sys.stderr)
-    return 0 if worst <= 1.0 else 1
+    half_worst = fidelity_half.write_markdown(half, shape, time.strftime("%Y-%m-%d"), args.out_dir / "fidelity.md")
+    print(f"fidelity: normserve worst error / bound {worst:.3g}, worst half ulps {half_worst:.3g}", file=sys.stderr)
+    return 0 if worst <= 1.0 and half_worst <= 1.0 else 1
 
 
 def environment() -> dict[str, str]:
@@ -319,6 +328,33 @@ def worst(table: dict[Any, Any], impl: str, case: tuple[str, int, bool] | None =
     return err, ratio, where
 
 
+def case_lines(table: dict[Any, Any]) -> list[str]:
+    """normserve on every case of the grid: its worst error, error / bound, and that without refinement."""
+    lines = ["| eps_mode | k | gamma, beta | max abs error | error / bound | without refinement |", "|---" * 6 + "|"]
+    for case in CASES:
+        e, r, _ = worst(table, "normserve", case)
+        lines.append(
+            f"| {case[0]} | {case[1]} | {'yes' if case[2] else 'no'} | {e:.2g} | {r:.3f} | "
+            f"{worst(table, 'unrefined', case)[1]:.3f} |"
+        )
+    return lines
+
+
+def cost_lines(timing: list[tuple[str, dict[str, float]]], timing_shape: Sequence[int], repeats: int) -> list[str]:
+    """The cost table of the measured block, then the versions and the machine."""
+    lines = ["", f"Cost at {timing_shape} (median of {repeats} interleaved runs, ms):", ""]
+    lines += [
+        "| onnxruntime, clock | graph on raw rows | conditioned + refined | ratio | all of LayerNormModel.infer |"
+    ]
+    lines += ["|---|---|---|---|---|"]
+    for label, t in timing:
+        cost = t["conditioned"] / t["raw"]
+        lines += [f"| {label} | {t['raw']:.2f} | {t['conditioned']:.2f} | **{cost:.2f}x** | {t['normalize']:.2f} |"]
+    env = environment()
+    lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in env.items() if k != "machine") + "."]
+    return [*lines, f"Machine: {env['machine']} (shared with other jobs: timings are noisy).", ""]
+
+
 BEGIN, END = "<!-- fidelity:begin (written by scripts/fidelity.py) -->", "<!-- fidelity:end -->"
 
 
@@ -331,26 +367,6 @@ def write_markdown(
     path: Path,
 ) -> float:
     """Write the measured block of path (between BEGIN and END, keeping the prose around it); the worst ratio."""
-    lines, ratio = _headline(table, shape)
-    lines += ["Mode var, k = 1, no gamma/beta. Max |error| against offset, over magnitudes 1e-30 to 1e10"]
-    lines += ["(where float32 squares cannot overflow, so that cancellation shows alone):", ""]
-    lines += [*axis_table(table, "offset", "offset / std"), "", "And over the offsets of each magnitude:", ""]
-    lines += [*axis_table(table, "magnitude", "magnitude"), "", "normserve on every case of the grid:", ""]
-    lines += _cases_table(table)
-    lines += ["", f"Cost at {timing_shape} (median of {repeats} interleaved runs, ms):", ""]
-    lines += _cost_table(timing)
-    env = environment()
-    lines += ["", "Versions: " + ", ".join(f"{k} {v}" for k, v in env.items() if k != "machine") + "."]
-    lines += [f"Machine: {env['machine']} (shared with other jobs: timings are noisy).", "", END]
-    text = path.read_text() if path.is_file() else ""
-    head, _, rest = text.partition(BEGIN)
-    tail = rest.partition(END)[2] if rest else ""
-    path.write_text(head + "\n".join(lines) + tail if rest else "\n".join(lines) + "\n" + text)
-    return ratio
-
-
-def _headline(table: dict[Any, Any], shape: Sequence[int]) -> tuple[list[str], float]:
-    """The block's first lines: what was measured, normserve's worst case, the others' misses; the worst ratio."""
     err, ratio, where = worst(table, "normserve")
     lines = [BEGIN, "", f"Measured by `python scripts/fidelity.py` on {time.strftime('%Y-%m-%d')}: {shape} float32"]
     lines += [f"per grid point, eps {EPS:g}, {len(OFFSETS)} offsets x {len(MAGNITUDES)} magnitudes.", ""]
@@ -366,27 +382,16 @@ def _headline(table: dict[Any, Any], shape: Sequence[int]) -> tuple[list[str], f
     e, r, _ = worst(table, "unrefined")
     lines += [f"- conditioning alone, without refine_rows (its gate: REFINE_TOL = {REFINE_TOL:g}): worst error"]
     lines += [f"  {e:.2g}, error / bound {r:.3f}.", ""]
-    return lines, ratio
-
-
-def _cases_table(table: dict[Any, Any]) -> list[str]:
-    lines = ["| eps_mode | k | gamma, beta | max abs error | error / bound | without refinement |", "|---" * 6 + "|"]
-    for case in CASES:
-        e, r, _ = worst(table, "normserve", case)
-        lines.append(
-            f"| {case[0]} | {case[1]} | {'yes' if case[2] else 'no'} | {e:.2g} | {r:.3f} | "
-            f"{worst(table, 'unrefined', case)[1]:.3f} |"
-        )
-    return lines
-
-
-def _cost_table(timing: list[tuple[str, dict[str, float]]]) -> list[str]:
-    lines = ["| onnxruntime, clock | graph on raw rows | conditioned + refined | ratio | all of LayerNormModel.infer |"]
-    lines += ["|---|---|---|---|---|"]
-    for label, t in timing:
-        cost = t["conditioned"] / t["raw"]
-        lines += [f"| {label} | {t['raw']:.2f} | {t['conditioned']:.2f} | **{cost:.2f}x** | {t['normalize']:.2f} |"]
-    return lines
+    lines += ["Mode var, k = 1, no gamma/beta. Max |error| against offset, over magnitudes 1e-30 to 1e10"]
+    lines += ["(where float32 squares cannot overflow, so that cancellation shows alone):", ""]
+    lines += [*axis_table(table, "offset", "offset / std"), "", "And over the offsets of each magnitude:", ""]
+    lines += [*axis_table(table, "magnitude", "magnitude"), "", "normserve on every case of the grid:", ""]
+    lines += [*case_lines(table), *cost_lines(timing, timing_shape, repeats), END]
+    text = path.read_text() if path.is_file() else ""
+    head, _, rest = text.partition(BEGIN)
+    tail = rest.partition(END)[2] if rest else ""
+    path.write_text(head + "\n".join(lines) + tail if rest else "\n".join(lines) + "\n" + text)
+    return ratio
 
 
 if __name__ == "__main__":

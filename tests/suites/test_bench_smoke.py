@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT))  # benchmarks/ lives beside app/ in the checkout, 
 
 from benchmarks import suite  # noqa: E402
 from benchmarks.floors import GRPC_FLOOR  # noqa: E402
-from benchmarks.serving import TRACED, TRIVIAL, HttpPlan  # noqa: E402
+from benchmarks.serving import HALF, TRACED, TRIVIAL, HttpPlan  # noqa: E402
 
 SECTION_HEADINGS = [
     "## Machine and versions",
@@ -25,6 +25,7 @@ SECTION_HEADINGS = [
     "### The floor of a V2 binary request",
     "## 2. Codec costs",
     "## 3. Over HTTP on 127.0.0.1",
+    "## Half precision: V2 binary FP16 beside FP32, per byte moved",
     "## 4. /encode with dynamic batching off and on",
     "## 5. Peak memory of a worker serving one large request",
 ]
@@ -100,6 +101,17 @@ def test_the_floors_and_the_tracing_row_answered(report: tuple[Path, dict[str, A
     assert len(rows) == cells and all(r["errors"] == 0 and r["requests"] > 0 for r in rows)
     assert report[1]["binary_floor"]["p50_ms"] > 0
     assert [tuple(r["shape"]) for r in report[1]["encoder_torch"]] == [(1, 4, 128)]
+
+
+def test_the_fp16_row_runs_at_the_largest_shape_beside_fp32_with_its_target(
+    report: tuple[Path, dict[str, Any]],
+) -> None:
+    cells = [r for r in report[1]["http"] if (r["server"], r["protocol"]) == ("normserve", HALF)]
+    assert [(tuple(c["shape"]), c["concurrency"]) for c in cells] == [((2, 4, 32), 1), ((2, 4, 32), 2)]
+    assert all(c["errors"] == 0 and c["requests"] > 0 for c in cells)  # each answer checked within 1 FP16 ulp first
+    text = (report[0] / "benchmarks.md").read_text()
+    for conc in (1, 2):
+        assert f"| {HALF} (2, 4, 32) c={conc}: no slower than the FP32 row per byte moved | " in text
 
 
 def test_the_targets_table_has_a_floor_column(report: tuple[Path, dict[str, Any]]) -> None:

@@ -250,12 +250,16 @@ def test_only_an_unrepresentable_result_is_422(client: httpx.Client, data: Any, 
 
 def test_fidelity_script_writes_table_and_plot_between_its_markers(tmp_path: Path) -> None:
     prose = "# Fidelity\n\nmethod, written by hand\n\n"
-    (tmp_path / "fidelity.md").write_text(f"{prose}{fidelity.BEGIN}\nold figures\n{fidelity.END}\n\nafter\n")
+    half = fidelity.fidelity_half
+    between = f"\n\nhalf precision, by hand\n\n{half.BEGIN}\nold half figures\n{half.END}\n\nafter\n"
+    (tmp_path / "fidelity.md").write_text(f"{prose}{fidelity.BEGIN}\nold figures\n{fidelity.END}{between}")
     argv = ["--out-dir", str(tmp_path), "--shape", "2,2,32", "--timing-shape", "2,4,32", "--repeats", "2"]
-    assert fidelity.main(argv) == 0  # 0: normserve within its bound on every point
+    assert fidelity.main(argv) == 0  # 0: normserve within its float32 bound, and 1 ulp in FP16 and BF16, everywhere
     text = (tmp_path / "fidelity.md").read_text()
-    assert text.startswith(prose + fidelity.BEGIN) and text.endswith(fidelity.END + "\n\nafter\n")
-    assert "old figures" not in text
+    assert text.startswith(prose + fidelity.BEGIN) and text.endswith(half.END + "\n\nafter\n")
+    assert "old figures" not in text and "old half figures" not in text
+    assert f"{fidelity.END}\n\nhalf precision, by hand\n\n{half.BEGIN}" in text
+    assert "| FP16 | **normserve** |" in text and "| BF16 | torch |" in text  # the half block, between its markers
     assert "| offset / std | torch | ORT LayerNormalization | same graph, raw rows | **normserve** |" in text
     assert all(f"\n| {m:g} |" in text for m in fidelity.MAGNITUDES)
     assert "| var | 2 | yes |" in text and "| std | 1 | no |" in text and "x** |" in text  # per case; the cost ratio
