@@ -11,7 +11,7 @@ from app.core.model import Model
 from app.server import observability
 from app.server.api import openapi
 from app.server.api.body import read_body, require_json
-from app.server.api.direct import DirectRoute
+from app.server.api.direct import DirectRoute, hot
 from app.server.api.rest import codec
 from app.server.statistics import InferTimer
 from app.server.worker import INLINE_BODY_BYTES, Worker, staged
@@ -20,6 +20,7 @@ router = APIRouter(tags=["normalization"], route_class=DirectRoute)  # no per-re
 
 
 @router.post("/normalize", **openapi.NORMALIZE)
+@hot
 async def normalize(request: Request, worker: Worker) -> Response:
     """Layer-normalize `data` over its trailing `normalized_shape` dims, with per-row statistics."""
     require_json(request)
@@ -46,6 +47,7 @@ async def normalize(request: Request, worker: Worker) -> Response:
 
 
 @router.post("/encode", **openapi.ENCODE)
+@hot
 async def encode(request: Request, worker: Worker) -> Response:
     """Run the Transformer encoder; report each LayerNorm's input statistics per position."""
     require_json(request)

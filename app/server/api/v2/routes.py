@@ -17,7 +17,7 @@ from app.core.model import Model
 from app.errors import ExtensionNotSupported
 from app.server.api import openapi
 from app.server.api.body import read_body
-from app.server.api.direct import DirectRoute
+from app.server.api.direct import DirectRoute, hot
 from app.server.api.responses import json_response, readiness
 from app.server.api.v2 import codec, rules
 from app.server.statistics import InferTimer
@@ -75,12 +75,14 @@ async def model_version_ready(name: str, version: str, worker: Worker) -> Respon
 
 
 @router.post("/v2/models/{name}/infer", **openapi.V2_INFER)
+@hot
 async def infer(name: str, request: Request, worker: Worker) -> Response:
     """Infer with JSON or binary tensors (Inference-Header-Content-Length), gzip/deflate either way."""
     return await _infer(request, worker, worker.model(name))
 
 
 @router.post("/v2/models/{name}/versions/{version}/infer", **openapi.V2_INFER)
+@hot
 async def infer_version(name: str, version: str, request: Request, worker: Worker) -> Response:
     return await _infer(request, worker, worker.model(name, version))
 
