@@ -9,6 +9,9 @@ at the same moment: ServerErrorMiddleware (the app's 500 handler) -> each of `ap
 outermost first -> ExceptionMiddleware (the app's error table) -> the route's DirectRoute handler. So
 every answer is the one the stack gives (tests/server/test_hotpath.py compares them), middleware added
 before the app starts runs on the hot routes too, and adding one after is Starlette's RuntimeError.
+FastAPI's own layers are left out: its telemetry (off unless an OpenTelemetry provider is set globally),
+its exit stack (for uploaded files, which no hot route takes) and its body limit (refused if set).
+A hot route answers every path its template matches: no route declared before it may match them.
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ class HotRoutes:
 
 
 def chain(app: FastAPI, inner: ASGIApp) -> ASGIApp:
-    """`inner` wrapped as `Starlette.build_middleware_stack` wraps the router (FastAPI's own extras aside)."""
+    """`inner` wrapped as `Starlette.build_middleware_stack` wraps the router (FastAPI's own layers aside)."""
     error_handler: ExceptionHandler | None = None
     handlers: dict[Any, ExceptionHandler] = {}
     for key, value in app.exception_handlers.items():
