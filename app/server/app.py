@@ -15,7 +15,6 @@ from app import __version__
 from app.server import group, heads, modelsync
 from app.server.api import docs, errors, health, openapi, playground
 from app.server.api import metrics as metrics_api
-from app.server.api.direct import DirectRoute
 from app.server.api.rest import routes as rest
 from app.server.api.v2.grpc import server as grpc_server
 from app.server.api.v2.http import repository, tracelog
@@ -91,7 +90,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(CloseUnreadBodies)  # an answer sent before its request's body ended closes the connection
     for router in (rest.router, health.router, v2.router, repository.router, tracelog.router, metrics_api.router):
         app.include_router(router)
-    app.enable_hot_routes([r for r in (*rest.router.routes, *v2.router.routes) if isinstance(r, DirectRoute)])
     playground.install(app)  # GET / and /static
     docs.install(app)  # GET /docs and /docs/assets
     openapi.install(app)  # the protocol's schemas in /openapi.json

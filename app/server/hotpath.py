@@ -1,111 +1,158 @@
-"""The inference routes straight from the app's ASGI entry: POST /normalize, /encode and the V2 infer routes.
+"""The hot routes straight from the app's ASGI entry: POST /normalize, /encode and the V2 infer routes.
 
 FastAPI 0.165 walks every included router, its telemetry hooks and an AsyncExitStack before a route runs:
 with Starlette's middleware stack that was ~0.1 ms of CPU per small request, about as much as the
-computation itself (cProfile of /normalize (1,8,64), scripts/server_cpu.py). These four routes need none
-of it: `NormserveApp` matches them by hand and runs them through the same pure-ASGI pieces the stack
-has, in the same order, so every answer is the one the stack gives (tests/server/test_hotpath.py
-compares them): Starlette's ServerErrorMiddleware (an unexpected error: 500 with the request id, then
-re-raised for uvicorn's log) -> CloseUnreadBodies -> ObservabilityMiddleware -> BudgetMiddleware -> the error table
-(NormserveError -> errors.error_response) -> the route's DirectRoute handler. Every other request,
-and every request of an app whose middleware was changed after create_app, goes through FastAPI.
+computation itself (cProfile of /normalize (1,8,64), scripts/server_cpu.py). The routes marked `@hot`
+(app/server/api/direct.py) need none of it: `NormserveApp` matches them without regexes and runs them
+through a chain built as Starlette's `build_middleware_stack` builds its stack, from the same lists and
+at the same moment: ServerErrorMiddleware (the app's 500 handler) -> each of `app.user_middleware`,
+outermost first -> ExceptionMiddleware (the app's error table) -> the route's DirectRoute handler. So
+every answer is the one the stack gives (tests/server/test_hotpath.py compares them), middleware added
+before the app starts runs on the hot routes too, and adding one after is Starlette's RuntimeError.
+FastAPI's own layers are left out: its telemetry (off unless an OpenTelemetry provider is set globally),
+its exit stack (for uploaded files, which no hot route takes) and its body limit (refused if set).
+A hot route answers every path its template matches: no route declared before it may match them.
 """
 
 from __future__ import annotations
 
-from fastapi import FastAPI
-from starlette._utils import get_route_path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI
+from starlette.convertors import StringConvertor
+from starlette.middleware import Middleware
+from starlette.middleware.errors import ServerErrorMiddleware
+from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.requests import Request
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, ExceptionHandler, Receive, Scope, Send
 
-from app.errors import NormserveError
-from app.server.api import errors
 from app.server.api.direct import DirectRoute
-from app.server.budget import BudgetMiddleware
-from app.server.connections import CloseUnreadBodies
-from app.server.telemetry.observability import ObservabilityMiddleware
 
-# What create_app adds (app.user_middleware lists the outermost first): the hot path stands for exactly this.
-MIDDLEWARE = (CloseUnreadBodies, ObservabilityMiddleware, BudgetMiddleware)
-_V2 = "/v2/models/"
-_INFER = "/infer"
+
+class Template:
+    """A hot route's path as segments: literals, and `{name}` parameters that match one non-empty segment.
+
+    That is what Starlette's `{name}` (the str convertor, `[^/]+`) matches when it is a whole segment;
+    any other parameter would need the route's regex, and is refused when the app starts."""
+
+    def __init__(self, route: DirectRoute) -> None:
+        parts = route.path.split("/")
+        self.route, self.size = route, len(parts)
+        self.literals: list[tuple[int, str]] = []
+        self.params: list[tuple[int, str]] = []
+        for i, part in enumerate(parts):
+            name = part[1:-1]
+            if "{" not in part:
+                self.literals.append((i, part))
+            elif part == f"{{{name}}}" and isinstance(route.param_convertors.get(name), StringConvertor):
+                self.params.append((i, name))
+            else:
+                raise TypeError(f"hot route {route.path}: only whole-segment {{name}} parameters are matched")
+
+    def match(self, parts: list[str]) -> dict[str, str] | None:
+        if any(parts[i] != literal for i, literal in self.literals):
+            return None
+        params = {name: parts[i] for i, name in self.params}
+        return params if all(params.values()) else None
 
 
 class HotRoutes:
-    """The four routes' DirectRoutes, matched without regexes; `serve` runs one through the middleware's chain."""
+    """The app's hot routes by method, and the middleware chain that answers them."""
 
-    def __init__(self, routes: list[DirectRoute]) -> None:
-        by_path = {route.path: route for route in routes if "POST" in (route.methods or ())}
-        self.exact = {path: by_path[path] for path in ("/normalize", "/encode")}
-        self.infer = by_path["/v2/models/{name}/infer"]
-        self.infer_version = by_path["/v2/models/{name}/versions/{version}/infer"]
-        self.chain = CloseUnreadBodies(ObservabilityMiddleware(BudgetMiddleware(self._answer)))
+    def __init__(self, app: FastAPI, routes: list[DirectRoute]) -> None:
+        self.exact: dict[tuple[str, str], DirectRoute] = {}
+        self.templates: dict[str, list[Template]] = {}
+        for route in routes:
+            for method in route.methods or ():
+                if "{" in route.path:
+                    self.templates.setdefault(method, []).append(Template(route))
+                else:  # the first route declared wins, as in Starlette's router
+                    self.exact.setdefault((method, route.path), route)
+        self.chain = chain(app, _answer)
 
-    def match(self, path: str) -> tuple[DirectRoute, dict[str, str]] | None:
-        """The route and path parameters of a POST path, as Starlette's `{name}` ([^/]+) would match them."""
-        route = self.exact.get(path)
+    def match(self, method: str, path: str) -> tuple[DirectRoute, dict[str, str]] | None:
+        """The route and path parameters a request's method and route path select, as Starlette's router would."""
+        route = self.exact.get((method, path))
         if route is not None:
             return route, {}
-        if not (path.startswith(_V2) and path.endswith(_INFER)):
-            return None
-        parts = path[len(_V2) : -len(_INFER)].split("/")
-        if len(parts) == 1 and parts[0]:
-            return self.infer, {"name": parts[0]}
-        if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
-            return self.infer_version, {"name": parts[0], "version": parts[2]}
+        templates = self.templates.get(method)
+        if templates:
+            parts = path.split("/")
+            for template in templates:
+                params = template.match(parts) if template.size == len(parts) else None
+                if params is not None:
+                    return template.route, params
         return None
 
-    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """ServerErrorMiddleware's part: an error past every handler is a 500 (if nothing was sent), re-raised."""
-        started = False
 
-        async def sending(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+def chain(app: FastAPI, inner: ASGIApp) -> ASGIApp:
+    """`inner` wrapped as `Starlette.build_middleware_stack` wraps the router (FastAPI's own layers aside)."""
+    error_handler: ExceptionHandler | None = None
+    handlers: dict[Any, ExceptionHandler] = {}
+    for key, value in app.exception_handlers.items():
+        if key in (500, Exception):
+            error_handler = value
+        else:
+            handlers[key] = value
+    middleware = [
+        Middleware(ServerErrorMiddleware, handler=error_handler, debug=app.debug),
+        *app.user_middleware,
+        Middleware(ExceptionMiddleware, handlers=handlers, debug=app.debug),
+    ]
+    for cls, args, kwargs in reversed(middleware):
+        inner = cls(inner, *args, **kwargs)
+    return inner
 
-        try:
-            await self.chain(scope, receive, sending)
-        except Exception as exc:
-            response = await errors.unexpected(Request(scope), exc)
-            if not started:
-                await response(scope, receive, send)
-            raise
 
-    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The route's answer, or the error table's (ExceptionMiddleware's part)."""
-        request = Request(scope, receive)
-        try:
-            response = await scope["route"].direct_handler(request)
-        except NormserveError as exc:
-            response = errors.error_response(request, exc)
-        await response(scope, receive, send)
+async def _answer(scope: Scope, receive: Receive, send: Send) -> None:
+    """The matched route's answer (its errors go to the ExceptionMiddleware around it)."""
+    response = await scope["route"].direct_handler(Request(scope, receive))
+    await response(scope, receive, send)
+
+
+def route_path(scope: Scope) -> str:
+    """The path the routes see: `path` less a `root_path` it starts with (ASGI: `path` includes `root_path`)."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("/", ""):
+        return path[len(root) :]
+    return path
 
 
 class NormserveApp(FastAPI):
-    """FastAPI, with the inference routes answered by HotRoutes (see the module's docstring)."""
+    """FastAPI, with the routes marked `@hot` answered by HotRoutes (see the module's docstring)."""
 
-    hot: HotRoutes | None = None  # set by enable_hot_routes, once every route is included
-    _hot_checked = False
+    hot: HotRoutes | None = None  # built with the middleware stack, when the app starts
 
-    def enable_hot_routes(self, routes: list[DirectRoute]) -> None:
-        self.hot = HotRoutes(routes)
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.hot_routes: list[DirectRoute] = []
+
+    def include_router(self, router: APIRouter, **options: Any) -> None:
+        """FastAPI's; the router's hot routes are kept for HotRoutes, which answers them at their declared paths."""
+        hot = [route for route in router.routes if isinstance(route, DirectRoute) and route.hot]
+        if hot and options:
+            raise TypeError(f"hot route {hot[0].path}: include its router without options, or it is not hot")
+        super().include_router(router, **options)
+        self.hot_routes += hot
+
+    def build_middleware_stack(self) -> ASGIApp:
+        """Starlette's stack, and the hot routes' chain from the same middleware list (built once, at start)."""
+        if self.max_body_size is not None:  # FastAPI's own limit, in its stack: the hot routes would skip it
+            raise RuntimeError("NormserveApp: max_body_size is not applied on the hot routes; NORMSERVE_ limits are")
+        self.hot = HotRoutes(self, self.hot_routes)
+        return super().build_middleware_stack()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.middleware_stack is None:
+            self.middleware_stack = self.build_middleware_stack()
         hot = self.hot
-        if hot is not None and scope["type"] == "http" and scope["method"] == "POST" and not self.root_path:
-            if not self._hot_checked:
-                self._check_middleware()
-                hot = self.hot
-            matched = None if hot is None else hot.match(get_route_path(scope))
-            if matched is not None and hot is not None:
+        if hot is not None and scope["type"] == "http":
+            if self.root_path:  # as FastAPI's __call__ does
+                scope["root_path"] = self.root_path
+            matched = hot.match(scope["method"], route_path(scope))
+            if matched is not None:
                 scope["app"], scope["route"], scope["path_params"] = self, matched[0], matched[1]
-                await hot.serve(scope, receive, send)
+                await hot.chain(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
-
-    def _check_middleware(self) -> None:
-        """A test or an embedder that adds middleware after create_app gets FastAPI's path for every request."""
-        self._hot_checked = True
-        if tuple[object, ...](m.cls for m in self.user_middleware) != MIDDLEWARE:
-            self.hot = None

@@ -1,7 +1,8 @@
 """app/server/hotpath.py: the inference routes answered outside FastAPI's stack give the answers the stack gives.
 
 One app, its worker started in process; each request goes once through the hot path and once through FastAPI
-(the app with `hot` off), and the two answers (status, headers, body), access lines and metrics must match.
+(the app's FastAPI entry), and the two answers (status, headers, body), access lines and metrics must match.
+Where a test must know the hot path answered, FastAPI's stack is swapped for one that fails the test.
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from fastapi import APIRouter, FastAPI
 from prometheus_client import REGISTRY
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.server.api.direct import DirectRoute, hot
 from app.server.app import create_app
-from app.server.hotpath import HotRoutes, NormserveApp
+from app.server.hotpath import NormserveApp
 from app.settings import Settings
 from tests.live_server import MODELS
 from tests.server.log_records import captured
@@ -48,25 +53,37 @@ def app() -> NormserveApp:
     assert isinstance(app, NormserveApp)
     app.state.worker.start()
     assert app.state.worker.admission.ready
+    app.middleware_stack = app.build_middleware_stack()  # as the app's first call (the lifespan's, in uvicorn) does
     return app
+
+
+def fastapi_stack(app: FastAPI) -> ASGIApp:
+    """The app entered as FastAPI: every request through its router and middleware stack."""
+
+    async def entry(scope: Scope, receive: Receive, send: Send) -> None:
+        await FastAPI.__call__(app, scope, receive, send)
+
+    return entry
+
+
+async def refused(scope: Scope, receive: Receive, send: Send) -> None:
+    raise AssertionError(f"{scope['method']} {scope['path']} reached FastAPI's stack")
 
 
 def answer(app: NormserveApp, hot: bool, method: str, path: str, headers: dict[str, str], body: bytes) -> Any:
     """(status, headers, body) of one request, with its access line and the change in its requests counter."""
-    saved = app.hot
-    app.hot = saved if hot else None
+    return answer_from(app if hot else fastapi_stack(app), method, path, headers, body)
 
+
+def answer_from(app: ASGIApp, method: str, path: str, headers: dict[str, str], body: bytes, root: str = "") -> Any:
     async def send() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False, root_path=root)
         async with httpx.AsyncClient(transport=transport, base_url="http://normserve") as c:
             sent = {"x-request-id": "same-id", "accept-encoding": "identity", **headers}
             return await c.request(method, path, headers=sent, content=body)
 
-    try:
-        with captured("normserve.access") as lines:
-            r = asyncio.run(send())
-    finally:
-        app.hot = saved
+    with captured("normserve.access") as lines:
+        r = asyncio.run(send())
     (line,) = lines
     fields = {k: v for k, v in vars(line).items() if k in LINE_FIELDS}
     return r.status_code, r.headers.multi_items(), r.content, fields
@@ -92,15 +109,23 @@ def test_the_hot_path_answers_as_fastapis_stack(
 def test_the_four_inference_routes_are_matched_and_nothing_else(app: NormserveApp) -> None:
     hot = app.hot
     assert hot is not None
-    matched = {p: (m[0].path, m[1]) if (m := hot.match(p)) else None for p in ("/normalize", "/v2/models/x/infer")}
+    assert [(sorted(r.methods), r.path) for r in app.hot_routes] == [
+        (["POST"], "/normalize"),
+        (["POST"], "/encode"),
+        (["POST"], "/v2/models/{name}/infer"),
+        (["POST"], "/v2/models/{name}/versions/{version}/infer"),
+    ]
+    paths = ("/normalize", "/v2/models/x/infer")
+    matched = {p: (m[0].path, m[1]) if (m := hot.match("POST", p)) else None for p in paths}
     assert matched == {
         "/normalize": ("/normalize", {}),
         "/v2/models/x/infer": ("/v2/models/{name}/infer", {"name": "x"}),
     }
-    versioned = hot.match("/v2/models/x/versions/2/infer")
+    versioned = hot.match("POST", "/v2/models/x/versions/2/infer")
     assert versioned is not None and versioned[1] == {"name": "x", "version": "2"}
     for path in ("/v2/models/x/versions//infer", "/v2/models/x/ready/infer", "/normalize/", "/v2/models/infer", "/"):
-        assert hot.match(path) is None, path
+        assert hot.match("POST", path) is None, path
+    assert hot.match("GET", "/normalize") is None and hot.match("PUT", "/v2/models/x/infer") is None
 
 
 def test_an_unexpected_error_is_the_same_500_with_the_request_id(
@@ -121,19 +146,86 @@ def test_an_unexpected_error_is_the_same_500_with_the_request_id(
     assert fast[0] == 500 and ("x-request-id", "same-id") in fast[1]
 
 
-def test_middleware_added_after_create_app_turns_the_hot_path_off() -> None:
-    app = create_app(Settings(model_dir=MODELS, grpc_port=0))
-    assert isinstance(app, NormserveApp) and isinstance(app.hot, HotRoutes)
-    seen: list[str] = []
+class Tagging:
+    """A user's pure-ASGI middleware: every answer gets `x-tag: <path it saw>`."""
 
-    class Seeing:
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
+    def __init__(self, app: ASGIApp, tag: str) -> None:
+        self.app, self.tag = app, tag.encode()
 
-        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-            seen.append(scope.get("path", ""))
-            await self.inner(scope, receive, send)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def tagged(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message["headers"], (b"x-tag", self.tag)]}
+            await send(message)
 
-    app.add_middleware(Seeing)
-    status, *_ = answer(app, True, "POST", "/normalize", JSON, b'{"data": [[1.0, 2.0]]}')
-    assert status == 503 and seen == ["/normalize"]  # through the added middleware; not started: not ready
+        await self.app(scope, receive, tagged)
+
+
+@pytest.fixture
+def tagged() -> NormserveApp:
+    """A fresh app with a middleware added after create_app, as an embedder would, and its worker started."""
+    app = create_app(Settings(model_dir=MODELS, grpc_port=0, batch_max_size=1))
+    assert isinstance(app, NormserveApp)
+    app.add_middleware(Tagging, tag="user")
+    app.state.worker.start()
+    return app
+
+
+@pytest.mark.parametrize(("method", "path", "headers", "body"), CASES[:3], ids=[f"{c[0]} {c[1]}" for c in CASES[:3]])
+def test_middleware_added_at_create_time_runs_on_the_hot_routes(
+    tagged: NormserveApp, method: str, path: str, headers: dict[str, str], body: bytes
+) -> None:
+    slow = answer(tagged, False, method, path, headers, body)  # also starts the app: both chains are built
+    tagged.middleware_stack = refused
+    fast = answer(tagged, True, method, path, headers, body)
+    assert fast == slow
+    assert ("x-tag", "user") in fast[1]
+
+
+def test_a_root_path_is_taken_off_the_path_before_matching(tagged: NormserveApp) -> None:
+    body = b'{"data": [[1.0, 2.0, 4.0]]}'
+    slow = answer_from(fastapi_stack(tagged), "POST", "/api/normalize", JSON, body, root="/api")
+    tagged.middleware_stack = refused
+    fast = answer_from(tagged, "POST", "/api/normalize", JSON, body, root="/api")
+    assert fast == slow and fast[0] == 200
+
+
+def test_middleware_added_after_the_app_started_is_refused(tagged: NormserveApp) -> None:
+    status, *_ = answer(tagged, True, "POST", "/normalize", JSON, b'{"data": [[1.0, 2.0]]}')  # the first call
+    assert status == 200
+    with pytest.raises(RuntimeError) as raised:
+        tagged.add_middleware(Tagging, tag="late")
+    assert str(raised.value) == "Cannot add middleware after an application has started"
+
+
+async def _by_id(item: int) -> Response:
+    return Response(str(item))
+
+
+async def _plain() -> Response:
+    return Response(b"")
+
+
+def test_a_hot_route_whose_path_needs_a_regex_is_refused_when_the_app_starts() -> None:
+    router = APIRouter(route_class=DirectRoute)
+    router.post("/items/{item:int}")(hot(_by_id))
+    app = NormserveApp()
+    app.include_router(router)
+    with pytest.raises(TypeError) as raised:
+        app.build_middleware_stack()
+    assert str(raised.value) == "hot route /items/{item:int}: only whole-segment {name} parameters are matched"
+
+
+def test_hot_routes_included_with_options_are_refused() -> None:
+    router = APIRouter(route_class=DirectRoute)
+    router.post("/plain")(hot(_plain))
+    with pytest.raises(TypeError) as raised:
+        NormserveApp().include_router(router, prefix="/v1")
+    assert str(raised.value) == "hot route /plain: include its router without options, or it is not hot"
+
+
+def test_fastapis_body_limit_is_refused_as_the_hot_routes_would_skip_it() -> None:
+    app = NormserveApp(max_body_size=1024)
+    with pytest.raises(RuntimeError) as raised:
+        app.build_middleware_stack()
+    assert str(raised.value) == "NormserveApp: max_body_size is not applied on the hot routes; NORMSERVE_ limits are"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi.routing import APIRoute
 from starlette.requests import Request
@@ -41,6 +41,16 @@ def _openapi_view(endpoint: Callable[..., Any]) -> Callable[..., Any]:
     return view
 
 
+Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
+_HOT = "normserve_hot"  # the mark `hot` leaves on an endpoint, read when its DirectRoute is created
+
+
+def hot(endpoint: Endpoint) -> Endpoint:
+    """Marks an endpoint, under its route's decorator, for app/server/hotpath.py: answered outside FastAPI's router."""
+    endpoint.__dict__[_HOT] = True
+    return endpoint
+
+
 def _path_param(name: str) -> Callable[[Request], Any]:
     return lambda request: request.path_params[name]
 
@@ -50,6 +60,7 @@ class DirectRoute(APIRoute):
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
         self.direct_endpoint = endpoint
+        self.hot: bool = endpoint.__dict__.get(_HOT, False)
         super().__init__(path, _openapi_view(endpoint), **kwargs)
         # The request -> response function alone, for app/server/hotpath.py, which calls it outside any router.
         self.direct_handler = self.get_route_handler()

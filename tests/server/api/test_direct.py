@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 import numpy as np
@@ -13,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.core import reference
-from app.server.api.direct import DirectRoute
+from app.server.api.direct import DirectRoute, hot
 from app.server.api.v2.http.routes import STREAM_BYTES
 
 
@@ -64,9 +65,17 @@ def test_direct_route_refuses_a_parameter_it_cannot_fill_when_the_route_is_made(
         router.add_api_route("/x", _needs_a_query, methods=["GET"])
 
 
-def test_direct_route_passes_path_parameters_and_the_request() -> None:
+async def _marked(name: str, request: Request) -> Response:
+    return Response(f"{name} {request.method}")
+
+
+@pytest.mark.parametrize(("endpoint", "is_hot"), [(_fine, False), (hot(_marked), True)], ids=["plain", "marked-hot"])
+def test_direct_route_passes_path_parameters_and_the_request(endpoint: Any, is_hot: bool) -> None:
+    """The `@hot` mark is on the route (for app/server/hotpath.py) and changes nothing else of it."""
     router = APIRouter(route_class=DirectRoute)
-    router.add_api_route("/things/{name}", _fine, methods=["POST"])
+    router.add_api_route("/things/{name}", endpoint, methods=["POST"])
+    (route,) = router.routes
+    assert isinstance(route, DirectRoute) and route.hot is is_hot
     app = FastAPI()
     app.include_router(router)
 

@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.server.api.body import read_body, require_json
-from app.server.api.direct import DirectRoute
+from app.server.api.direct import DirectRoute, hot
 from app.server.api.rest import codec, openapi
 from app.server.worker import Worker
 
@@ -15,6 +15,7 @@ router = APIRouter(tags=["normalization"], route_class=DirectRoute)  # no per-re
 
 
 @router.post("/normalize", **openapi.NORMALIZE)
+@hot
 async def normalize(request: Request, worker: Worker) -> Response:
     """Layer-normalize `data` over its trailing `normalized_shape` dims, with per-row statistics."""
     require_json(request)
@@ -24,6 +25,7 @@ async def normalize(request: Request, worker: Worker) -> Response:
 
 
 @router.post("/encode", **openapi.ENCODE)
+@hot
 async def encode(request: Request, worker: Worker) -> Response:
     """Run the Transformer encoder; report each LayerNorm's input statistics per position."""
     require_json(request)

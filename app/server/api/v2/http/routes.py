@@ -16,7 +16,7 @@ from app import __version__
 from app.core.model import Model
 from app.errors import ExtensionNotSupported
 from app.server.api.body import read_body
-from app.server.api.direct import DirectRoute
+from app.server.api.direct import DirectRoute, hot
 from app.server.api.responses import json_response, readiness
 from app.server.api.v2 import rules
 from app.server.api.v2.http import codec, openapi
@@ -74,12 +74,14 @@ async def model_version_ready(name: str, version: str, worker: Worker) -> Respon
 
 
 @router.post("/v2/models/{name}/infer", **openapi.V2_INFER)
+@hot
 async def infer(name: str, request: Request, worker: Worker) -> Response:
     """Infer with JSON or binary tensors (Inference-Header-Content-Length), gzip/deflate either way."""
     return await _infer(request, worker, worker.model(name))
 
 
 @router.post("/v2/models/{name}/versions/{version}/infer", **openapi.V2_INFER)
+@hot
 async def infer_version(name: str, version: str, request: Request, worker: Worker) -> Response:
     return await _infer(request, worker, worker.model(name, version))
 
