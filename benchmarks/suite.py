@@ -143,7 +143,9 @@ def _in_process(cfg: Config) -> dict[str, Any]:
 
 def _over_http(cfg: Config, results: dict[str, Any]) -> None:
     """The pinned headline, then sections 3, 4 and 5 into results: servers started and stopped one at a time."""
-    if "pinned" in cfg.sections and cfg.pinned is not None:
+    if "pinned" in cfg.sections and cfg.pinned is not None and len(os.sched_getaffinity(0)) < 2:
+        stderr_log("headline left out: pinning a server and its load to a core each needs two cores")
+    elif "pinned" in cfg.sections and cfg.pinned is not None:
         plan = cfg.pinned
         stderr_log(f"headline: pinned, {plan.rounds} rounds of {plan.seconds:g} s per cell")
         results["pinned"] = pinned_section(plan, stderr_log)
