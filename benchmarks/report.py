@@ -15,7 +15,7 @@ def write_markdown(results: dict[str, Any], path: Path, png_name: str) -> None:
     meta = results["meta"]
     parts = [
         "# Benchmarks\n",
-        "Reproduce with `normserve bench` (about 25 minutes; `--quick` under 3). It starts and stops every "
+        "Reproduce with `normserve bench` (about 25 minutes; `--quick` under 5). It starts and stops every "
         "server itself on 127.0.0.1, one worker each, and creates the KServe and MLServer peers' venvs under "
         "`.bench/` (a quick run uses them only if present, or with `--with-kserve` / `--with-mlserver`). "
         "Raw figures: [benchmarks.json](benchmarks.json).\n",
