@@ -143,7 +143,7 @@ def test_batching_and_memory_sections_measured_both_settings(report: tuple[Path,
         ("on", 4),
     }
     assert all(r["errors"] == 0 for r in results["batching"])
-    assert [r["protocol"] for r in results["memory"]] == ["/normalize JSON", "V2 binary"]
+    assert [r["protocol"] for r in results["memory"]] == ["/normalize JSON", "V2 binary", "gRPC"]
     assert all(r["peak_rss_bytes"] >= r["idle_rss_bytes"] > 0 for r in results["memory"])
 
 
