@@ -5,7 +5,8 @@ a core is what a user pays for. Each server runs one worker under `taskset -c` o
 may use, the load generator (this process's thread) on the second (os.sched_setaffinity). The servers stay up
 for the whole section and take turns within each round, a different one first each round, so a neighbour's
 load on a shared machine falls on all alike; every figure is the median of the rounds. Server CPU per request is
-the user + system time of the server's process tree (/proc), read before and after each cell.
+the user + system time of the server's process tree (/proc), read before and after each cell. The servers
+waiting their turn cost the shared core little: 1 to 2 ms of CPU per second each, idle, measured.
 """
 
 from __future__ import annotations
@@ -77,15 +78,13 @@ def tree_cpu_seconds(pid: int) -> float:
 
 
 def measure(pid: int, port: int, request: Request, concurrency: int, seconds: float, warm_s: float) -> dict[str, Any]:
-    """One cell: a warm-up, then the timed load with the server's CPU read before and after (serving.load_row)."""
+    """One cell: a warm-up, then the timed load with the server's CPU read before and after (serving.load_row,
+    its failed requests counted in `errors`)."""
     if warm_s > 0:
         load(port, request, concurrency, warm_s)
     before = tree_cpu_seconds(pid)
     result = load(port, request, concurrency, seconds)
-    row = load_row(result, tree_cpu_seconds(pid) - before)
-    if result.errors:
-        raise RuntimeError(f"{result.errors} of {result.errors + result.requests} requests failed")
-    return row
+    return load_row(result, tree_cpu_seconds(pid) - before)
 
 
 def _checked_request(server: str, port: int, shape: tuple[int, ...]) -> Request:
@@ -189,6 +188,7 @@ def _text(cells: dict[tuple[str, tuple[int, ...], int], dict[str, Any]], name: s
         return "-"
     cpu_ms = cell["cpu_ms_per_request"]
     text = f"{cell['rps']:,.1f} req/s, {f'{cpu_ms:,.0f}' if cpu_ms >= 100 else f'{cpu_ms:.3g}'} ms CPU"
+    text += f", {cell['errors']} failed" if cell["errors"] else ""
     if ours is None or name == "normserve":
         return text
     if name == TRIVIAL:

@@ -43,6 +43,8 @@ def measure(checkout: Path, request: Request, concurrency: int, seconds: float) 
     with servers.server_process(command, cwd=checkout, env=env, output=log) as server:
         check(server.port, request)
         row = measure_cell(server.pid, server.port, request, concurrency, seconds, warm_s=1.0)
+    if row["errors"]:
+        raise RuntimeError(f"{checkout}: {row['errors']} failed requests")
     return row["rps"], row["cpu_ms_per_request"]
 
 

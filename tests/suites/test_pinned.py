@@ -121,3 +121,9 @@ def test_the_targets_compare_the_pinned_cells_with_the_issue_goals(target: str, 
     rows = {row[0]: row for row in evaluate(RESULTS)}
     assert rows[target][1] == measured
     assert rows[target][3] == verdict
+
+
+def test_a_cell_with_failed_requests_says_how_many() -> None:
+    cell = {**_cell("normserve", (1, 8, 64), 8, 2000.0, 0.5), "errors": 3}
+    table = pinned.headline({"pinned": {**RESULTS["pinned"], "cells": [cell]}})[2]
+    assert "| /normalize JSON (1,8,64) c=8 | 2,000.0 req/s, 0.5 ms CPU, 3 failed | " in table
