@@ -108,10 +108,8 @@ def pinned_section(plan: PinnedPlan, log: Callable[[str], None]) -> dict[str, An
             runs = _rounds(plan, running, requests, log)
         finally:
             os.sched_setaffinity(0, affinity)
-    cells = [_median(key, rows) for key, rows in runs.items()]
-    return {"server_cpu": server_core, "load_cpu": load_core, "rounds": plan.rounds, "seconds": plan.seconds} | {
-        "cells": cells
-    }
+    figures = {"server_cpu": server_core, "load_cpu": load_core, "rounds": plan.rounds, "seconds": plan.seconds}
+    return {**figures, "cells": [_median(key, rows) for key, rows in runs.items()]}
 
 
 def _rounds(
