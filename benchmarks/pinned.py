@@ -163,9 +163,9 @@ def headline(results: dict[str, Any]) -> list[str]:
         f"Each server one worker on CPU {pinned['server_cpu']} (`taskset -c`), the load generator on CPU "
         f"{pinned['load_cpu']}; medians of {pinned['rounds']} interleaved rounds of {pinned['seconds']:g} s per "
         "cell, the servers taking turns within each round. Every cell: requests per second on that one core and "
-        "the server's CPU (user + system, /proc) per request; in brackets normserve's req/s as a multiple of the "
-        "peer's, or its CPU per request as a multiple of the trivial app's. KServe and MLServer answer their V2 "
-        "JSON route. Section 3 is the unpinned view.\n",
+        "the server's CPU (user + system, /proc) per request; in brackets normserve's req/s and CPU per request as "
+        "multiples of the other server's (CPU per request holds steadier than req/s when other work shares the "
+        "core). KServe and MLServer answer their V2 JSON route. Section 3 is the unpinned view.\n",
         "\n".join(lines) + "\n",
     ]
 
@@ -191,7 +191,8 @@ def _text(cells: dict[tuple[str, tuple[int, ...], int], dict[str, Any]], name: s
         return text
     if name == TRIVIAL:
         return f"{text} (ours {ours['cpu_ms_per_request'] / cell['cpu_ms_per_request']:.1f}x its CPU)"
-    return f"{text} (ours {ours['rps'] / cell['rps']:.1f}x)" if cell["rps"] else text
+    cpu = ours["cpu_ms_per_request"] / cpu_ms if cpu_ms else float("nan")
+    return f"{text} (ours {ours['rps'] / cell['rps']:.1f}x its req/s, {cpu:.2f}x its CPU)" if cell["rps"] else text
 
 
 def _goal(shape: tuple[int, ...]) -> str:
