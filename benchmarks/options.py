@@ -6,14 +6,14 @@ import argparse
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("floor", "codecs", "http", "batching", "memory")
+SECTIONS = ("pinned", "floor", "codecs", "http", "batching", "memory")
 DESCRIPTION = "Run every benchmark section in one process, then write docs/benchmarks.md and docs/benchmarks.png."
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The flags, with --sections as a tuple of known section names."""
     p = argparse.ArgumentParser(prog="normserve bench", description=DESCRIPTION)
-    p.add_argument("--quick", action="store_true", help="~1.5 s per HTTP cell and fewer cells: under 3 minutes")
+    p.add_argument("--quick", action="store_true", help="~1.5 s per HTTP cell and fewer cells: under 5 minutes")
     p.add_argument("--with-kserve", action="store_true", help="quick run: create the KServe venv if absent and run it")
     p.add_argument("--no-kserve", action="store_true", help="leave the KServe peer out")
     p.add_argument("--with-mlserver", action="store_true", help="quick run: create the MLServer venv if absent, run it")

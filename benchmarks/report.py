@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from benchmarks.pinned import headline
 from benchmarks.sections import sections, table
 from benchmarks.targets import COLUMNS, evaluate
 
@@ -14,7 +15,7 @@ def write_markdown(results: dict[str, Any], path: Path, png_name: str) -> None:
     meta = results["meta"]
     parts = [
         "# Benchmarks\n",
-        "Reproduce with `normserve bench` (about 20 minutes; `--quick` under 3). It starts and stops every "
+        "Reproduce with `normserve bench` (about 25 minutes; `--quick` under 5). It starts and stops every "
         "server itself on 127.0.0.1, one worker each, and creates the KServe and MLServer peers' venvs under "
         "`.bench/` (a quick run uses them only if present, or with `--with-kserve` / `--with-mlserver`). "
         "Raw figures: [benchmarks.json](benchmarks.json).\n",
@@ -25,6 +26,7 @@ def write_markdown(results: dict[str, Any], path: Path, png_name: str) -> None:
         parts.append(f"**Note:** {meta['note']}\n")
     machine = [[k, v] for k, v in meta["machine"].items()] + [[k, v] for k, v in meta["versions"].items()]
     parts += ["## Machine and versions\n", table(["", ""], machine)]
+    parts += headline(results)  # the pinned comparison: what a user pays per core
     parts += ["## Targets\n", table(COLUMNS, evaluate(results))]
     parts += sections(results)
     parts.append(f"\n![latency against payload size]({png_name})\n")

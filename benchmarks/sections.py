@@ -167,7 +167,8 @@ def _http(results: Results) -> list[str]:
         return []
     return [
         "## 3. Over HTTP on 127.0.0.1\n",
-        f"Closed loop, {results['meta']['http_seconds']:g} s per cell, one worker per server, the client in the "
+        "The second view, unpinned (the headline above pins each server to one core): "
+        f"closed loop, {results['meta']['http_seconds']:g} s per cell, one worker per server, the client in the "
         "benchmark's process on the same 2 cores. normserve answers `output` plus statistics; the peers "
         "`output` only (the V2 requests ask for `output` alone). Server CPU is the server process's user + "
         "system time per request (/proc/PID/stat), which other load on the machine disturbs least. The gRPC rows "

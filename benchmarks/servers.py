@@ -179,12 +179,16 @@ def _command(name: str, models: Path, port: int | None, grpc_port: int) -> tuple
 
 @contextmanager
 def serve(
-    name: str, env: Mapping[str, str] | None = None, model_dir: Path | None = None, grpc_port: int = 0
+    name: str,
+    env: Mapping[str, str] | None = None,
+    model_dir: Path | None = None,
+    grpc_port: int = 0,
+    pin: int | None = None,
 ) -> Iterator[Server]:
     """Start one server (normserve, trivial, naive, kserve or mlserver), wait until it answers ready, stop it on exit.
 
     grpc_port: normserve and the V2 peers also serve gRPC there (0: no gRPC; never 8001, which a second server
-    could not take)."""
+    could not take). pin: the one core the server runs on (`taskset -c`), its threads and children with it."""
     models = model_dir or ROOT / "models"
     base = {"NORMSERVE_MODEL_DIR": str(models), "NORMSERVE_LOG_LEVEL": "warning", "NORMSERVE_GRPC_PORT": str(grpc_port)}
     full_env = {**os.environ, **base, **(env or {})}
@@ -193,6 +197,8 @@ def serve(
         full_env["KSERVE_LOGLEVEL"] = "WARNING"  # no log line per request, as normserve at warning
     port = None if name in ("normserve", "trivial") else free_port()  # the peers take a port, not an --fd socket
     cmd, ready = _command(name, models, port, grpc_port)
+    if pin is not None:
+        cmd = ["taskset", "-c", str(pin), *cmd]  # taskset execs the command: the PID stays the server's
     CACHE.mkdir(exist_ok=True)
     with server_process(cmd, port=port, ready=ready, env=full_env, output=CACHE / f"{name}.log") as server:
         yield server

@@ -36,6 +36,7 @@ PROTOCOLS = {
     "kserve": ("V2 JSON", "V2 binary", GRPC),
     "mlserver": ("V2 JSON", GRPC),
 }
+MEMORY_PROTOCOLS = ("/normalize JSON", "V2 binary", GRPC)  # section 5: one large request each
 MATCH_ATOL = 1e-4  # every server's answer is checked against the NumPy reference before it is timed
 BINARY_DTYPES = {"FP32": np.float32, "FP16": np.float16}
 
@@ -208,26 +209,28 @@ def batching_section(
 def memory_section(payload_bytes: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Section 5: a fresh worker's peak RSS (VmHWM) while it serves one request of about payload_bytes."""
     rows = []
-    for protocol in ("/normalize JSON", "V2 binary"):
-        with servers.serve("normserve", {"NORMSERVE_MAX_BODY_BYTES": str(max(payload_bytes, 1 << 26))}) as srv:
-            request = _sized_request(protocol, payload_bytes)
-            check(srv.port, make_request(protocol, sample((2, 8))))  # warm: the first request's allocations
+    env = {"NORMSERVE_MAX_BODY_BYTES": str(max(payload_bytes, 1 << 26))}
+    for protocol in MEMORY_PROTOCOLS:
+        grpc_port = servers.free_port() if protocol == GRPC else 0
+        with servers.serve("normserve", env, grpc_port=grpc_port) as srv:
+            payload = _sized_payload(protocol, payload_bytes)
+            _send(_payload(protocol, sample((2, 8))), srv.port, grpc_port)  # warm: the first request's allocations
             idle = servers.memory_kib(srv.pid)
             start = time.perf_counter()
-            check(srv.port, request)
+            _send(payload, srv.port, grpc_port)
             seconds = time.perf_counter() - start
             peak = servers.memory_kib(srv.pid)["VmHWM"] * 1024
-            mib = len(request.body) / 2**20
+            size = _size(payload)
             rows.append(
                 {
                     "protocol": protocol,
-                    "payload_bytes": len(request.body),
+                    "payload_bytes": size,
                     "idle_rss_bytes": idle["VmRSS"] * 1024,
                     "peak_rss_bytes": peak,
                     "seconds": seconds,
                 }
             )
-            log(f"memory {protocol:16} {mib:6.1f} MiB request: peak RSS {peak / 2**20:7.1f} MiB")
+            log(f"memory {protocol:16} {size / 2**20:6.1f} MiB request: peak RSS {peak / 2**20:7.1f} MiB")
     return rows
 
 
@@ -236,6 +239,30 @@ def _encoder_runs(port: int) -> float:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
     prefix = 'normserve_inference_batch_size_count{model="encoder",version="1"}'
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def _payload(protocol: str, x: np.ndarray) -> Request | bytes:
+    """The request of x: an HTTP request, or a serialized ModelInfer for gRPC."""
+    return grpc_load.infer_request(x) if protocol == GRPC else make_request(protocol, x)
+
+
+def _size(payload: Request | bytes) -> int:
+    return len(payload) if isinstance(payload, bytes) else len(payload.body)
+
+
+def _send(payload: Request | bytes, port: int, grpc_port: int) -> None:
+    """One request, its answer 200 (gRPC: OK) or an error raised."""
+    if isinstance(payload, bytes):
+        grpc_load.check(grpc_port, payload)
+    else:
+        check(port, payload)
+
+
+def _sized_payload(protocol: str, payload_bytes: int) -> Request | bytes:
+    """A request just under payload_bytes: a ModelInfer's raw rows and its header of a few dozen bytes, or HTTP."""
+    if protocol == GRPC:
+        return grpc_load.infer_request(sample((max(1, payload_bytes // 4096 - 1), 1024), seed=1))
+    return _sized_request(protocol, payload_bytes)
 
 
 def _sized_request(protocol: str, payload_bytes: int) -> Request:

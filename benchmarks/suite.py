@@ -20,6 +20,7 @@ import orjson
 from benchmarks import floors, inprocess, options, report, servers, serving
 from benchmarks.encoder_torch import encoder_vs_torch
 from benchmarks.options import SECTIONS
+from benchmarks.pinned import PinnedCase, PinnedPlan, pinned_section
 from benchmarks.serving import TRACED, TRIVIAL, HttpPlan, stderr_log
 
 FLOOR_SHAPES: list[tuple[int, ...]] = [(1, 8, 64), (8, 128, 768), (32, 512, 1024)]
@@ -52,6 +53,7 @@ class Config:
     encode_seconds: float
     memory_bytes: int
     floor_shape: tuple[int, ...] = (8, 128, 768)  # the shape of the in-process sums the targets compare with
+    pinned: PinnedPlan | None = None  # the headline (benchmarks/pinned.py); None leaves it out
     torch_encoder_shapes: list[tuple[int, ...]] = field(default_factory=lambda: list(TORCH_ENCODER_SHAPES))
     sections: tuple[str, ...] = SECTIONS
     note: str = ""
@@ -75,14 +77,25 @@ def _servers(peers: list[str]) -> list[str]:
     return ["normserve", TRACED, TRIVIAL, *peers]
 
 
+def pinned_plan(peers: list[str], seconds: float, warm_s: float) -> PinnedPlan:
+    """Issue 25's cases: small /normalize at c=8 (with the trivial app, the floor of its CPU), large at c=1."""
+    small = PinnedCase((1, 8, 64), 8, ("normserve", TRIVIAL, *peers))
+    large = PinnedCase((8, 128, 768), 1, ("normserve", *peers))
+    return PinnedPlan([small, large], seconds, rounds=3, warm_s=warm_s)
+
+
 def quick(out_dir: Path, peers: list[str]) -> Config:
     plan = HttpPlan(HTTP_SHAPES, [1, 8], 1.5, _servers(peers), skip=_quick_skip)
-    return Config(out_dir, "quick", FLOOR_SHAPES, HTTP_SHAPES, 0.15, plan, ENCODE_SHAPES, [1, 16], 1.5, 64 << 20)
+    cfg = Config(out_dir, "quick", FLOOR_SHAPES, HTTP_SHAPES, 0.15, plan, ENCODE_SHAPES, [1, 16], 1.5, 64 << 20)
+    cfg.pinned = pinned_plan(peers, 1.5, 0.5)
+    return cfg
 
 
 def full(out_dir: Path, peers: list[str]) -> Config:
     plan = HttpPlan(HTTP_SHAPES, [1, 8], 20.0, _servers(peers), skip=_floor_cell)
-    return Config(out_dir, "full", FLOOR_SHAPES, FLOOR_SHAPES, 2.0, plan, ENCODE_SHAPES, [1, 16], 20.0, 64 << 20)
+    cfg = Config(out_dir, "full", FLOOR_SHAPES, FLOOR_SHAPES, 2.0, plan, ENCODE_SHAPES, [1, 16], 20.0, 64 << 20)
+    cfg.pinned = pinned_plan(peers, 10.0, 1.0)
+    return cfg
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -129,7 +142,13 @@ def _in_process(cfg: Config) -> dict[str, Any]:
 
 
 def _over_http(cfg: Config, results: dict[str, Any]) -> None:
-    """Sections 3, 4 and 5 into results: servers started and stopped one at a time."""
+    """The pinned headline, then sections 3, 4 and 5 into results: servers started and stopped one at a time."""
+    if "pinned" in cfg.sections and cfg.pinned is not None and len(os.sched_getaffinity(0)) < 2:
+        stderr_log("headline left out: pinning a server and its load to a core each needs two cores")
+    elif "pinned" in cfg.sections and cfg.pinned is not None:
+        plan = cfg.pinned
+        stderr_log(f"headline: pinned, {plan.rounds} rounds of {plan.seconds:g} s per cell")
+        results["pinned"] = pinned_section(plan, stderr_log)
     if "http" in cfg.sections:
         stderr_log(f"section 3: HTTP, {cfg.http.seconds:g} s per cell, servers {cfg.http.servers}")
         results["http"] = serving.http_section(cfg.http, stderr_log) + _grpc_floor(cfg)

@@ -3,7 +3,8 @@
 The cases are the benchmark's own (benchmarks/serving.py): small /normalize JSON (1,8,64) at concurrency 8
 and V2 binary (8,128,768) at concurrency 1, one uvicorn worker each. Rounds interleave the checkouts, so a
 neighbour's load on this shared machine falls on both alike; the figures are medians over the rounds.
-Server CPU per request is read from /proc/PID/stat (user + system), the cost a user pays per core.
+Server CPU per request is read from /proc/PID/stat (user + system), the cost a user pays per core. A cell
+is the benchmark's own (benchmarks/pinned.py's measure: a warm-up, then the load with the CPU read around it).
 
     python scripts/pinned_ab.py before=/path/to/old/checkout after=.
 """
@@ -22,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import servers
 from benchmarks.inprocess import sample
-from benchmarks.load import Request, check, load
+from benchmarks.load import Request, check
+from benchmarks.pinned import measure as measure_cell
 from benchmarks.serving import make_request
 
 CASES = {  # name: (protocol, shape, concurrency)
@@ -30,13 +32,6 @@ CASES = {  # name: (protocol, shape, concurrency)
     "V2 binary (8,128,768) c=1": ("V2 binary", (8, 128, 768), 1),
 }
 SERVER_CPU, LOAD_CPU = 0, 1
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (fields 14 and 15 of /proc/PID/stat, after the command's parens)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def measure(checkout: Path, request: Request, concurrency: int, seconds: float) -> tuple[float, float]:
@@ -47,13 +42,10 @@ def measure(checkout: Path, request: Request, concurrency: int, seconds: float) 
     log = servers.CACHE / "pinned_ab.log"
     with servers.server_process(command, cwd=checkout, env=env, output=log) as server:
         check(server.port, request)
-        load(server.port, request, concurrency, 1.0)  # warm: first answers, caches, allocator
-        before = cpu_seconds(server.pid)
-        result = load(server.port, request, concurrency, seconds)
-        used = cpu_seconds(server.pid) - before
-    if result.errors:
-        raise RuntimeError(f"{checkout}: {result.errors} failed requests")
-    return result.rps, 1000 * used / max(result.requests, 1)
+        row = measure_cell(server.pid, server.port, request, concurrency, seconds, warm_s=1.0)
+    if row["errors"]:
+        raise RuntimeError(f"{checkout}: {row['errors']} failed requests")
+    return row["rps"], row["cpu_ms_per_request"]
 
 
 def run(checkouts: dict[str, Path], rounds: int, seconds: float) -> dict[tuple[str, str], list[tuple[float, float]]]:

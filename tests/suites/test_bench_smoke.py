@@ -11,12 +11,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # benchmarks/ lives beside app/ in the checkout, as scripts/bench.py finds it
 
-from benchmarks import suite  # noqa: E402
+from benchmarks import pinned, suite  # noqa: E402
 from benchmarks.floors import GRPC_FLOOR  # noqa: E402
 from benchmarks.serving import HALF, TRACED, TRIVIAL, HttpPlan  # noqa: E402
 
 SECTION_HEADINGS = [
     "## Machine and versions",
+    "## Headline: the cost per core, each server pinned to one core",
     "## Targets",
     "## 1. In process: the floor",
     "### onnxruntime intra-op threads",
@@ -33,8 +34,12 @@ SECTION_HEADINGS = [
 
 def tiny(out_dir: Path) -> suite.Config:
     """The quick run's code path on tiny shapes, 0.3 s per HTTP cell, the naive peer and the floors; no KServe or
-    MLServer (their venvs take a minute or more to create: `--quick --with-kserve --with-mlserver` runs them)."""
+    MLServer (their venvs take a minute or more to create: `--quick --with-kserve --with-mlserver` runs them).
+    The pinned headline: the small case with the trivial app and the naive peer, two rounds of 0.3 s."""
     shapes = [(1, 8, 64), (2, 4, 32)]
+    headline = pinned.PinnedPlan(
+        [pinned.PinnedCase((1, 8, 64), 8, ("normserve", TRIVIAL, "naive"))], 0.3, rounds=2, warm_s=0.1
+    )
     plan = HttpPlan(shapes, [1, 2], 0.3, ["normserve", TRACED, TRIVIAL, "naive"], skip=suite._floor_cell)
     return suite.Config(
         out_dir=out_dir,
@@ -48,6 +53,7 @@ def tiny(out_dir: Path) -> suite.Config:
         encode_seconds=0.3,
         memory_bytes=1 << 20,
         floor_shape=(2, 4, 32),
+        pinned=headline,
         torch_encoder_shapes=[(1, 4, 128)],
         fidelity=False,  # scripts/fidelity.py has its own tests
         note="smoke test",
@@ -130,7 +136,7 @@ def test_batching_and_memory_sections_measured_both_settings(report: tuple[Path,
         ("on", 4),
     }
     assert all(r["errors"] == 0 for r in results["batching"])
-    assert [r["protocol"] for r in results["memory"]] == ["/normalize JSON", "V2 binary"]
+    assert [r["protocol"] for r in results["memory"]] == ["/normalize JSON", "V2 binary", "gRPC"]
     assert all(r["peak_rss_bytes"] >= r["idle_rss_bytes"] > 0 for r in results["memory"])
 
 
@@ -147,3 +153,23 @@ def test_the_report_renders_again_from_its_json(report: tuple[Path, dict[str, An
     assert suite.main(["--render", str(out / "benchmarks.json"), "--out-dir", str(tmp_path)]) == 0
     assert (tmp_path / "benchmarks.md").read_text() == (out / "benchmarks.md").read_text()
     assert (tmp_path / "benchmarks.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("server", ["normserve", TRIVIAL, "naive"])
+def test_each_pinned_cell_ran_every_round_with_req_per_second_and_cpu_per_request(
+    report: tuple[Path, dict[str, Any]], server: str
+) -> None:
+    figures = report[1]["pinned"]
+    (cell,) = [c for c in figures["cells"] if c["server"] == server]
+    assert (tuple(cell["shape"]), cell["concurrency"], cell["protocol"]) == ((1, 8, 64), 8, "/normalize JSON")
+    assert len(cell["runs"]) == 2 and cell["errors"] == 0 and cell["requests"] > 0
+    assert cell["rps"] > 0 and cell["cpu_ms_per_request"] > 0
+    assert figures["server_cpu"] != figures["load_cpu"]
+
+
+def test_the_headline_and_its_targets_come_from_the_pinned_cells(report: tuple[Path, dict[str, Any]]) -> None:
+    text = (report[0] / "benchmarks.md").read_text()
+    assert "| case | normserve | trivial ASGI app | naive FastAPI | goal |" in text
+    assert "| /normalize JSON (1,8,64) c=8 | " in text
+    assert "/normalize JSON (1, 8, 64) c=8 (pinned): server CPU per request <= 6x the trivial ASGI app's | " in text
+    assert "/normalize JSON (1, 8, 64) c=8 (pinned): req/s >= 10x naive FastAPI | " in text
