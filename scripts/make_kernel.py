@@ -1,4 +1,5 @@
-"""Write app/core/layernorm_kernel.onnx: onnxruntime's fused LayerNormalization and each output row's range.
+"""Write app/core/layernorm_kernel.onnx (onnxruntime's fused LayerNormalization and each output row's range) and
+the two FP16 casts of app/core/halfprecision.py.
 
 The serving install has no `onnx`, so the graph is committed and this script (the `export` extra) makes it;
 tests/core/test_kernels.py regenerates it and compares the bytes. Its epsilon attribute is a template:
@@ -15,6 +16,7 @@ from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file, the repository root is not on sys.path
 
+from app.core.halfprecision import CAST_FILES
 from app.core.kernels import KERNEL_FILE, KERNEL_INPUTS, KERNEL_OUTPUTS, OPSET, TEMPLATE_EPS
 
 
@@ -38,9 +40,25 @@ def kernel_graph() -> onnx.ModelProto:
     return model
 
 
+def cast_graph(direction: str) -> onnx.ModelProto:
+    """y = Cast(x), both flat: FP16 to float32 ("widen") or float32 to FP16 ("narrow")."""
+    half, wide = TensorProto.FLOAT16, TensorProto.FLOAT
+    source, target = (half, wide) if direction == "widen" else (wide, half)
+    inputs = [helper.make_tensor_value_info("x", source, ["n"])]
+    outputs = [helper.make_tensor_value_info("y", target, ["n"])]
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=target)], f"{direction}_fp16", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="normserve")
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 def main() -> int:
     KERNEL_FILE.write_bytes(kernel_graph().SerializeToString())
     print(f"wrote {KERNEL_FILE}")
+    for direction, path in CAST_FILES.items():
+        path.write_bytes(cast_graph(direction).SerializeToString())
+        print(f"wrote {path}")
     return 0
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from app.core import reference
 from app.core.conditioning import condition_rows, correct_rows, moments, refine_rows
 from app.core.dataplane import Fields, NormalizeInput, NormalizeOutput
-from app.core.halfprecision import HALF_DTYPES, narrow, uncertain
+from app.core.halfprecision import HALF_DTYPES, narrow, narrow_exact, overflow_bound, uncertain
 from app.core.kernels import FusedKernel, check_kernel
 from app.core.model import (
     FLOAT,
@@ -236,14 +236,16 @@ def _narrowed(req: NormalizeInput, output: np.ndarray, mean: np.ndarray, var: np
     if output.dtype == np.float64:  # the NumPy backend: the float64 math itself
         return narrow(output, req.dtype, "output")
     gamma_max = 1.0 if req.gamma is None else max(1.0, float(np.abs(req.gamma).max()))
-    err = NORMALIZE_ATOL * gamma_max + FLOAT32_ULP * float(np.abs(output).max())
-    half = narrow(output, req.dtype, "output")
+    top = max(float(output.max()), -float(output.min()))  # no |output| the size of the tensor
+    err = NORMALIZE_ATOL * gamma_max + FLOAT32_ULP * top
+    # Within the range, round without narrow's own pass over the output for it; beyond, narrow refuses it.
+    half = narrow_exact(output, req.dtype) if top < overflow_bound(req.dtype) else narrow(output, req.dtype, "output")
     idx = uncertain(output, err, req.dtype)
     if idx.size:
         rows, cols = np.divmod(idx, req.cols)  # into the (R, D) view
-        flat_mean, flat_var = mean.reshape(-1)[rows], var.reshape(-1)[rows]
-        den = np.sqrt(flat_var + req.eps) if req.eps_mode == "var" else np.sqrt(flat_var) + req.eps
-        y = (req.x.reshape(-1)[idx].astype(np.float64) - flat_mean) / den
+        flat_var = var.reshape(-1)
+        den = np.sqrt(flat_var + req.eps) if req.eps_mode == "var" else np.sqrt(flat_var) + req.eps  # R: per row
+        y = (req.x.reshape(-1)[idx].astype(np.float64) - mean.reshape(-1)[rows]) / den[rows]
         if req.gamma is not None:
             y *= req.gamma.reshape(-1)[cols]
         if req.beta is not None:

@@ -8,10 +8,12 @@ import orjson
 import pytest
 
 from app.core.halfprecision import (
+    CAST_ELEMENTS,
     HALF_DTYPES,
     JSON_DTYPES,
     limit,
     narrow,
+    narrow_exact,
     shortest,
     ulp_errors,
     uncertain,
@@ -52,6 +54,22 @@ def test_narrow_rounds_to_nearest_within_half_an_ulp(datatype: str, source: type
     assert out.dtype == HALF_DTYPES[datatype]
     # The nearest value is at most half a unit away; the spacing below is the smaller one at a power of two.
     assert float(ulp_errors(out, y.astype(np.float64), datatype).max()) <= 0.5
+
+
+def test_large_fp16_arrays_convert_as_numpy_does_every_value_and_every_tie() -> None:
+    # Arrays of CAST_ELEMENTS or more convert in onnxruntime's Cast; NumPy's own cast is the reference: every FP16
+    # value widens to the same float32, and every float32 halfway between two FP16 values (subnormal ones too) and
+    # just either side of it rounds to the same FP16 bits, and past the range to the same inf.
+    values = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    assert values.size >= CAST_ELEMENTS
+    assert np.array_equal(widen(values), values.astype(np.float32), equal_nan=True)
+    finite = np.sort(values[np.isfinite(values)].astype(np.float64))
+    ties = (finite[1:] + finite[:-1]) / 2
+    near = np.concatenate([ties, ties * (1 + 2**-20), ties * (1 - 2**-20), [65519.0, 65520.0, 1e30, -1e30]])
+    y = near.astype(np.float32)
+    with np.errstate(over="ignore"):
+        expected = y.astype(np.float16)
+    assert np.array_equal(narrow_exact(y, "FP16").view(np.uint16), expected.view(np.uint16))
 
 
 @pytest.mark.parametrize(

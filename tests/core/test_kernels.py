@@ -14,6 +14,7 @@ import pytest
 from app.core import reference
 from app.core.conditioning import moments
 from app.core.dataplane import NormalizeInput
+from app.core.halfprecision import CAST_FILES
 from app.core.kernels import GATE, KERNEL_FILE, KERNEL_OUTPUTS, MAX_SESSIONS, TEMPLATE_EPS, FusedKernel, check_kernel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +32,12 @@ def _make_kernel() -> Any:
 def test_the_committed_graph_is_what_the_script_writes() -> None:
     pytest.importorskip("onnx")
     assert _make_kernel().kernel_graph().SerializeToString() == KERNEL_FILE.read_bytes()
+
+
+def test_the_committed_fp16_casts_are_what_the_script_writes() -> None:
+    pytest.importorskip("onnx")
+    for direction, path in CAST_FILES.items():
+        assert _make_kernel().cast_graph(direction).SerializeToString() == path.read_bytes(), path
 
 
 def test_the_template_eps_occurs_once_and_a_session_runs_with_the_requested_eps() -> None:
