@@ -96,4 +96,4 @@ class ObservabilityMiddleware:
             await self.app(scope, receive_counted, send_tagged)
         finally:
             record.leave(token)
-            info.finish()
+            info.finish_as(info.answer())

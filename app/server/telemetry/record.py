@@ -1,9 +1,9 @@
 """One request's record, HTTP or gRPC alike: its id, its Prometheus request metrics, its JSON log line, its trace.
 
 A transport's record (app/server/telemetry/observability.py's RequestInfo for HTTP, app/server/api/v2/grpc/calls.py's
-Call) learns while the request runs what the log line names (the model, the bytes in and out), and says in
-answer() how the request was answered in its own terms, as plain data: Http (method, route template, path,
-status) or Grpc (service, method, status code). finish() then counts it, ends its trace and writes its one
+Call) learns while the request runs what the log line names (the model, the bytes in and out), works out how
+the request was answered in its own terms, as plain data: Http (method, route template, path, status) or Grpc
+(service, method, status code), and hands it to finish_as(), which counts it, ends its trace and writes its one
 line, with the same fields for both: request_id, method, route, path, status (a gRPC code's number, with
 grpc_status its name), duration_ms, model, bytes_in, bytes_out, and trace_id and span_id with a trace.
 
@@ -134,7 +134,7 @@ def note_model(model: str) -> None:
 
 @dataclass(eq=False)
 class RequestRecord:
-    """What one request's metrics, log line and trace learn while it runs; a transport's record says answer()."""
+    """What one request's metrics, log line and trace learn while it runs; a transport's record finishes it."""
 
     request_id: str
     model: str | None = None  # the model it used, once it named one that exists (gRPC may leave "": none)
@@ -143,14 +143,10 @@ class RequestRecord:
     trace: tracing.Trace | None = None  # with tracing on, or a valid traceparent in
     start: float = field(default_factory=time.perf_counter)
 
-    def answer(self) -> Answer:
-        """How the request was answered, in its transport's terms: each transport's record says."""
-        raise NotImplementedError
-
-    def finish(self) -> None:
-        """Count the request, end its trace, and write its one log line."""
+    def finish_as(self, answer: Answer) -> None:
+        """Count the request, end its trace, and write its one log line; `answer` is how the request was answered,
+        in its transport's terms (each transport's record works it out and hands it down: no call back up)."""
         seconds = time.perf_counter() - self.start
-        answer = self.answer()
         answer.observe(self.model, seconds)
         ids = {} if self.trace is None else tracing.finish(self.trace, *answer.span(self.request_id))
         if logs.access_enabled():

@@ -34,9 +34,9 @@ class Answered(record.RequestRecord):
 
     given: record.Answer | None = None
 
-    def answer(self) -> record.Answer:
+    def finish(self) -> None:
         assert self.given is not None
-        return self.given
+        self.finish_as(self.given)
 
 
 # (answer, model, the log line's fields after request_id and before duration_ms, the counter and its labels)

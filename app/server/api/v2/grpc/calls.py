@@ -153,7 +153,7 @@ def retry_after(exc: BaseException) -> tuple[tuple[str, str], ...]:
 
 def _metadata(context: Any) -> tuple[Any, Any, Any]:
     """The request id, traceparent and tracestate metadata (record.incoming's one scan)."""
-    return record.incoming(((m.key, m.value) for m in context.invocation_metadata() or ()), _INCOMING)
+    return record.incoming([(m.key, m.value) for m in context.invocation_metadata() or ()], _INCOMING)
 
 
 def _request_id(request_id: str, metadata_id: Any) -> str:
@@ -185,6 +185,9 @@ class Call(record.RequestRecord):
 
     def answer(self) -> record.Grpc:
         return record.Grpc(self.service, self.method, self.code.value[0], self.code.name)
+
+    def finish(self) -> None:
+        self.finish_as(self.answer())
 
     def failed(self, exc: BaseException, context: Any) -> str | None:
         """Record an error's status; the message to abort with, or None for a cancelled call (nothing to send)."""
