@@ -135,8 +135,8 @@ def _check_few(
     (a float32 value widens exactly; sqrt and the four operations round correctly in both), so the same verdict
     and the same ratio and shift. None where a row strays past GATE or is not finite: _check_numpy decides those.
 
-    For a few rows its twenty NumPy calls cost more than their work: 12 us for 8 rows, this 5 (measured)."""
-    _, kernel_mean, kernel_inv, out_max, out_min = (a.ravel().tolist() for a in outputs)
+    For a few rows its twenty NumPy calls cost more than their work: 12 us for 8 rows, this 7 (measured)."""
+    kernel_mean, kernel_inv, out_max, out_min = (a.ravel().tolist() for a in outputs[1:])  # R each
     tol = REFINE_TOL * max(1.0, g_max)
     beta32 = _float32(b_max)  # NumPy adds b_max to a float32 array as a float32
     if beta32 is None:
