@@ -209,12 +209,15 @@ class Worker:
 
     async def _finish(self, fn: Callable[[], T], inline: bool, deadline_s: float | None) -> T:
         """run's part once admitted: the slot is released when fn ends, or when it was never started."""
+        if inline:  # on the event loop, now: no waiter can give up on it, so there is nothing to claim
+            try:
+                return fn()
+            finally:
+                self._release()
         # Whoever takes `claim` first releases the slot: the job when it starts (so a timed-out job still
         # counts until it really ends), or the waiter when it gave up before any thread picked the job up.
         claim = threading.Lock()
         job = _claimed(fn, claim, self._release)
-        if inline:
-            return job()
         abandon = anyio.CancelScope()  # cancelled by a drain that timed out (app/server/drain.py)
         self.admission.abandonable.add(abandon)
         timeout = self.settings.request_timeout_s

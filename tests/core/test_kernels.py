@@ -11,11 +11,20 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from app.core import reference
+from app.core import kernels, reference
 from app.core.conditioning import moments
 from app.core.dataplane import NormalizeInput
 from app.core.halfprecision import CAST_FILES
-from app.core.kernels import GATE, KERNEL_FILE, KERNEL_OUTPUTS, MAX_SESSIONS, TEMPLATE_EPS, FusedKernel, check_kernel
+from app.core.kernels import (
+    FEW_ROWS,
+    GATE,
+    KERNEL_FILE,
+    KERNEL_OUTPUTS,
+    MAX_SESSIONS,
+    TEMPLATE_EPS,
+    FusedKernel,
+    check_kernel,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 F32_MAX = float(np.finfo(np.float32).max)
@@ -153,3 +162,57 @@ def test_rows_that_reach_overflow_in_the_output_are_left_for_the_422() -> None:
     mean, var = moments(x)
     check = check_kernel(mean, var, 1e-5, outputs, F32_MAX, F32_MAX)
     assert check.exact.size == 0 and np.isinf(outputs[0]).any()
+
+
+def _synthetic_outputs(rows: int, stray: float, seed: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Float64 statistics and kernel outputs whose mean and denominator differ from them by up to `stray`."""
+    rng = np.random.default_rng(seed)
+    mean, var = rng.standard_normal(rows) * 10.0 ** rng.integers(-3, 4, rows), rng.uniform(1e-3, 1e3, rows)
+    den = np.sqrt(var + 1e-5)
+    kernel_mean = (mean + stray * den * rng.uniform(-1, 1, rows)).astype(np.float32)[:, None]
+    kernel_inv = (1 / (den * (1 + stray * rng.uniform(-1, 1, rows)))).astype(np.float32)[:, None]
+    top = rng.uniform(0.1, 50, (rows, 1)).astype(np.float32)
+    return mean, var, [np.zeros((rows, 4), np.float32), kernel_mean, kernel_inv, top, -top * rng.uniform(0, 2)]
+
+
+# Kernel statistics off by up to `stray`: kept as they are, refined (float32's own rounding of the mean is enough
+# for some rows), or past the gate.
+STRAY_VERDICTS = [
+    pytest.param(0.0, {"kept", "refine"}, id="exact"),
+    pytest.param(1e-9, {"kept", "refine"}, id="1e-9"),
+    pytest.param(1e-7, {"kept", "refine"}, id="1e-7"),
+    pytest.param(3e-6, {"refine"}, id="3e-6"),
+    pytest.param(1e-4, {"refine"}, id="1e-4"),
+    pytest.param(1e-3, {"gate"}, id="1e-3"),
+]
+
+
+@pytest.mark.parametrize(("stray", "expected_verdicts"), STRAY_VERDICTS)
+@pytest.mark.parametrize(("g_max", "b_max"), [(1.0, 0.0), (3.5, 0.1), (0.25, 7.0)])
+def test_the_check_of_a_few_rows_on_python_floats_is_numpys_bit_for_bit(
+    stray: float, expected_verdicts: set[str], g_max: float, b_max: float
+) -> None:
+    b_max = float(np.float32(b_max))  # max |beta| of a float32 beta
+    verdicts = set()
+    for seed in range(40):
+        mean, var, outputs = _synthetic_outputs(1 + seed % FEW_ROWS, stray, seed)
+        few, vectorized = (
+            kernels._check_few(mean, var, 1e-5, outputs, g_max, b_max),
+            kernels._check_numpy(mean, var, 1e-5, outputs, g_max, b_max),
+        )
+        if few is None:  # a row past the gate: the vectorized check decides, and check_kernel returns its verdict
+            assert vectorized.exact.size > 0
+            verdicts.add("gate")
+            continue
+        verdicts.add("refine" if few.refine.size else "kept")
+        for name in ("exact", "refine", "ratio", "shift"):
+            got, expected = getattr(few, name), getattr(vectorized, name)
+            assert got.dtype == expected.dtype and got.tobytes() == expected.tobytes(), name
+    assert verdicts == expected_verdicts
+
+
+def test_a_few_rows_with_a_kernel_overflow_are_judged_by_numpy() -> None:
+    mean, var, outputs = _synthetic_outputs(4, 0.0, 1)
+    outputs[2][1, 0] = 0.0  # an inverse std of 0: the vectorized check's ratio is inf, the row goes exact
+    assert kernels._check_few(mean, var, 1e-5, outputs, 1.0, 0.0) is None
+    np.testing.assert_array_equal(check_kernel(mean, var, 1e-5, outputs, 1.0, 0.0).exact, [1])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -248,6 +249,14 @@ def test_a_clients_id_is_kept_only_when_short_and_plain(sent: bytes | None, kept
         assert sent is not None and got == sent.decode()
     else:
         assert len(got) == 32 and int(got, 16) >= 0  # a new uuid4 hex
+
+
+def test_a_new_request_id_is_a_uuid4_hex_each_time() -> None:
+    ids = [record.new_request_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    for rid in ids:
+        parsed = uuid.UUID(hex=rid)
+        assert (parsed.hex, parsed.version, parsed.variant) == (rid, 4, uuid.RFC_4122)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
+from app.server.api.rest import codec
+
 D = 128  # d_model of the default export
 ROW = [0.1] * D
 
@@ -364,3 +366,19 @@ def test_normalize_prints_each_output_as_the_shortest_decimal_of_its_dtype(
     r = client.post("/normalize", json={"data": [[1, 2, 3, 4]], "dtype": dtype})
     assert r.status_code == 200, r.text
     assert printed in r.content
+
+
+@pytest.mark.parametrize("elements", [64, 20_000], ids=["small-body", "body-past-keep-bytes"])
+@pytest.mark.parametrize(
+    ("fields", "key"),
+    [(b'"eps": 1e-5, "eps": 1e-3', "eps"), (b'"extra": {"a": 1, "a": 2}', "a")],
+    ids=["top-level", "nested-object"],
+)
+def test_a_repeated_key_is_named_whatever_the_bodys_size(
+    client: httpx.Client, elements: int, fields: bytes, key: str
+) -> None:
+    body = b'{"data": [' + b", ".join([b"0.5", b"1.5"] * (elements // 2)) + b"], " + fields + b"}"
+    assert (len(body) <= codec.KEEP_BODY_BYTES) == (elements == 64)
+    r = client.post("/normalize", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == f"{key}: given more than once in one object; send each field once"
