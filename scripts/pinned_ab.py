@@ -48,11 +48,14 @@ def measure(checkout: Path, request: Request, concurrency: int, seconds: float) 
     return row["rps"], row["cpu_ms_per_request"]
 
 
-def run(checkouts: dict[str, Path], rounds: int, seconds: float) -> dict[tuple[str, str], list[tuple[float, float]]]:
+def run(
+    checkouts: dict[str, Path], rounds: int, seconds: float, cases: Sequence[str] = tuple(CASES)
+) -> dict[tuple[str, str], list[tuple[float, float]]]:
     os.sched_setaffinity(0, {LOAD_CPU})
     figures: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for round_ in range(rounds):
-        for case, (protocol, shape, concurrency) in CASES.items():
+        for case in cases:
+            protocol, shape, concurrency = CASES[case]
             request = make_request(protocol, sample(shape))
             for name, checkout in checkouts.items():
                 rps, cpu_ms = measure(checkout, request, concurrency, seconds)
@@ -61,10 +64,12 @@ def run(checkouts: dict[str, Path], rounds: int, seconds: float) -> dict[tuple[s
     return figures
 
 
-def table(figures: dict[tuple[str, str], list[tuple[float, float]]], names: Sequence[str]) -> str:
+def table(
+    figures: dict[tuple[str, str], list[tuple[float, float]]], names: Sequence[str], cases: Sequence[str] = tuple(CASES)
+) -> str:
     head = "| case | " + " | ".join(f"{n} req/s | {n} CPU ms/req" for n in names) + " |"
     lines = [head, "|---" * (1 + 2 * len(names)) + "|"]
-    for case in CASES:
+    for case in cases:
         cells = []
         for name in names:
             runs = figures[case, name]
@@ -78,12 +83,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("checkouts", nargs="+", help="NAME=PATH of a normserve checkout (its app/ and models/)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--case", choices=["all", *CASES], default="all", help="one case alone (default: all)")
     args = parser.parse_args(argv)
     checkouts = {n: Path(p).resolve() for n, _, p in (c.partition("=") for c in args.checkouts)}
-    figures = run(checkouts, args.rounds, args.seconds)
+    cases = list(CASES) if args.case == "all" else [args.case]
+    figures = run(checkouts, args.rounds, args.seconds, cases)
     rounds = f"medians of {args.rounds} interleaved rounds of {args.seconds:g} s"
     print(f"\n{rounds}, server on CPU {SERVER_CPU}, load on CPU {LOAD_CPU}")
-    print(table(figures, list(checkouts)))
+    print(table(figures, list(checkouts), cases))
     return 0
 
 
