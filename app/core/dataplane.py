@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from app.core import reference
 from app.core.halfprecision import HALF_DTYPES
 from app.core.tensors import to_finite_float
 from app.errors import InvalidInput, shown
@@ -167,8 +168,8 @@ class NormalizeOutput:
     @property
     def inv_std_dev(self) -> np.ndarray:
         """1 / the denominator the output was divided by, in float64: what ONNX's LayerNormalization reports."""
-        den: np.ndarray = np.sqrt(self.var + self.eps) if self.eps_mode == "var" else np.sqrt(self.var) + self.eps
-        return 1.0 / den
+        inv: np.ndarray = 1.0 / reference.denominator(self.var, self.eps, self.eps_mode)
+        return inv
 
 
 @dataclass(frozen=True)

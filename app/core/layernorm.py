@@ -246,16 +246,14 @@ def _narrowed(req: NormalizeInput, output: np.ndarray, mean: np.ndarray, var: np
     which are computed in float64 from the float64 statistics (about 3% of the elements in FP16, 0.3% in BF16)."""
     if output.dtype == np.float64:  # the NumPy backend: the float64 math itself
         return narrow(output, req.dtype, "output")
-    gamma_max = 1.0 if req.gamma is None else max(1.0, float(np.abs(req.gamma).max()))
     top = max(float(output.max()), -float(output.min()))  # no |output| the size of the tensor
-    err = NORMALIZE_ATOL * gamma_max + FLOAT32_ULP * top
+    err = _float32_bound(req, top)
     # Within the range, round without narrow's own pass over the output for it; beyond, narrow refuses it.
     half = narrow_exact(output, req.dtype) if top < overflow_bound(req.dtype) else narrow(output, req.dtype, "output")
     idx = uncertain(output, err, req.dtype)
     if idx.size:
         rows, cols = np.divmod(idx, req.cols)  # into the (R, D) view
-        flat_var = var.reshape(-1)
-        den = np.sqrt(flat_var + req.eps) if req.eps_mode == "var" else np.sqrt(flat_var) + req.eps  # R: per row
+        den = reference.denominator(var.reshape(-1), req.eps, req.eps_mode)  # R: per row
         y = (req.x.reshape(-1)[idx].astype(np.float64) - mean.reshape(-1)[rows]) / den[rows]
         if req.gamma is not None:
             y *= req.gamma.reshape(-1)[cols]
@@ -276,10 +274,15 @@ def _normalize_numpy(req: NormalizeInput) -> tuple[np.ndarray, np.ndarray, np.nd
     return r.output, r.mean, r.var
 
 
-def _compare(req: NormalizeInput, got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
+def _float32_bound(req: NormalizeInput, top: float) -> float:
+    """How far the float32 path's output may be from the float64 math: NORMALIZE_ATOL (times |gamma|), and
+    float32 cannot hold the output closer than its own rounding: 2**-23 of the largest value (1-2 ulps)."""
     gamma_max = 1.0 if req.gamma is None else max(1.0, float(np.abs(req.gamma).max()))
-    # float32 cannot hold the output closer than its own rounding: add 2**-23 of the largest value (1-2 ulps).
-    atol = NORMALIZE_ATOL * gamma_max + FLOAT32_ULP * float(np.abs(ref).max())
+    return NORMALIZE_ATOL * gamma_max + FLOAT32_ULP * top
+
+
+def _compare(req: NormalizeInput, got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
+    atol = _float32_bound(req, float(np.abs(ref).max()))
     diff = float(np.abs(got - ref).max())
     other = "numpy" if req.backend == "onnxruntime" else "onnxruntime"
     return {"reference": other, "max_abs_diff": diff, "atol": atol, "passed": diff <= atol}

@@ -49,14 +49,17 @@ def layer_norm(
     mean = x.mean(axis=axes, keepdims=True)  # ..., 1 (k ones)
     xshift = x - mean  # ..., D
     var = (xshift**2).mean(axis=axes, keepdims=True)  # population variance: no bias correction
-    if eps_mode == "var":
-        norm = xshift / np.sqrt(var + eps)  # ..., D
-    else:
-        norm = xshift / (np.sqrt(var) + eps)  # ..., D
+    norm = xshift / denominator(var, eps, eps_mode)  # ..., D
     gamma64 = np.ones(x.shape[-k:]) if gamma is None else np.asarray(gamma, dtype=np.float64)
     beta64 = np.zeros(x.shape[-k:]) if beta is None else np.asarray(beta, dtype=np.float64)
     out = gamma64 * norm + beta64  # ..., D
     return LayerNormResult(out, mean.reshape(x.shape[:-k]), var.reshape(x.shape[:-k]))
+
+
+def denominator(var: Array, eps: float, eps_mode: str) -> Array:
+    """What a row's centered values are divided by: sqrt(var + eps) (mode var) or sqrt(var) + eps (mode std)."""
+    den: Array = np.sqrt(var + eps) if eps_mode == "var" else np.sqrt(var) + eps
+    return den
 
 
 def positional_encoding(max_sequence_length: int, d_model: int) -> Array:
