@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from app.core import reference
+from app.core import heap, reference
 from app.core.batching import Batcher
 from app.core.dataplane import EncodeInput, EncodeOutput, EncoderLimits, Fields
 from app.core.halfprecision import HALF_DTYPES, narrow
@@ -138,7 +138,8 @@ class EncoderModel(Model):
         than config.max_sequence_length) fails here, not on a request."""
         full = np.zeros((1, self.config.max_sequence_length, self.config.d_model), np.float32)
         try:
-            shape = self.run({"input": full, "padding_mask": np.zeros(full.shape[:2], bool)}, ["output"])[0].shape
+            feeds = {"input": full, "padding_mask": np.zeros(full.shape[:2], bool)}
+            shape = self.run(feeds, ["output"], heap.shrinking_run())[0].shape  # its memory not kept for life
         except Exception as e:  # onnxruntime's classes derive from Exception only
             shape, error = (), type(e).__name__
         else:

@@ -216,10 +216,12 @@ class Model(ABC):
     def sha256(self) -> str:
         return self.info.sha256
 
-    def run(self, feeds: Mapping[str, np.ndarray], outputs: list[str] | None = None) -> list[np.ndarray]:
+    def run(
+        self, feeds: Mapping[str, np.ndarray], outputs: list[str] | None = None, options: ort.RunOptions | None = None
+    ) -> list[np.ndarray]:
         """One onnxruntime run, merged batches included: each is observed (metrics, Triton's execution count)."""
         start = time.perf_counter()
-        result: list[np.ndarray] = self.session.run(outputs, dict(feeds))
+        result: list[np.ndarray] = self.session.run(outputs, dict(feeds), options)
         self._observe(self.name, self.version, time.perf_counter() - start, len(feeds["input"]), self.warming)
         return result
 

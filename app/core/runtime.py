@@ -1,14 +1,13 @@
 """The model versions one worker serves: built from the repository, warmed up, published, retired.
 
-A version takes traffic only once it is built (sha256 of every file, one session) and has passed
-its parity warm-up against the NumPy reference. Publishing swaps in a new dict of the serving
-versions, so a request reads a consistent snapshot without a lock, and one already holding a
-model object finishes on it after that version is retired (onnxruntime frees the session when the
-last holder lets go). Loads and unloads take one lock: they are rare, inference never waits on it.
+A version takes traffic only once it is built (sha256 of every file, one session) and has passed its parity
+warm-up against the NumPy reference. Publishing swaps in a new dict of the serving versions, so a request reads
+a consistent snapshot without a lock, and one already holding a model object finishes on it after that version
+is retired (onnxruntime frees the session when the last holder lets go). Loads and unloads take one lock.
 
-The Runtime is the only writer of each version's State: a load is `build_versions` (LOADING) then
-`serve` (READY), a failure in it changes nothing that serves (`fail`), `retire` shows UNLOADING until
-the version is closed. What to load is the caller's: `load` alone, app/server/control.py in a server.
+The Runtime is the only writer of each version's State: a load is `build_versions` (LOADING) then `serve`
+(READY), a failure in it changes nothing that serves (`fail`), `retire` shows UNLOADING until the version is
+closed. What to load is the caller's: `load` alone, app/server/control.py in a server.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from typing import Any, NamedTuple
 
 import onnxruntime as ort
 
+from app.core import heap
 from app.core.encoder import EncoderModel
 from app.core.layernorm import LayerNormModel
 from app.core.model import Loaded, Model, ModelLoadError, RunObserver, check_graph, describe, verify, version_sha256
@@ -61,8 +61,7 @@ class IndexRow(NamedTuple):
 
 
 class VersionEvents:
-    """What a server records of each version's change (metrics, log lines: app/server/control.py); a runtime
-    alone records nothing."""
+    """What a server records of each version's change (metrics, logs: app/server/control.py); alone, nothing."""
 
     def loaded(self, model: Model, diff: float, atol: float) -> None:
         """The version serves, its warm-up passed with this max abs diff under this tolerance."""
@@ -144,6 +143,7 @@ class Runtime:
             except Exception as e:
                 self.fail(model.name, int(model.version), e, models)
                 raise
+        heap.trim()  # what the warm-ups freed goes back to the OS, not into the idle worker's RSS (heap.py)
         for model in models:
             self.publish(model)
             self.events.loaded(model, *figures[model.name, model.version])
