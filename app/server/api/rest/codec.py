@@ -204,7 +204,9 @@ class _Scan:
         self.walked = False
 
     def release(self) -> None:
-        self.bools = b"true" in self.body or b"false" in self.body
+        # true/false matter only in a tensor the fast path left as lists, rare, where `bools` then makes the codec
+        # check each element: cheaper than two scans of every large body (9 of 42 ms decoding 8.6 MB, measured).
+        self.bools = True
         self.duplicate = first_duplicate_key(self.body)
         if isinstance(self.body, bytearray):
             self.body.clear()

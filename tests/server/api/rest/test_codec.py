@@ -382,3 +382,15 @@ def test_a_repeated_key_is_named_whatever_the_bodys_size(
     r = client.post("/normalize", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == 422, r.text
     assert r.json()["error"] == f"{key}: given more than once in one object; send each field once"
+
+
+@pytest.mark.parametrize("elements", [64, 20_000], ids=["small-body", "body-past-keep-bytes"])
+@pytest.mark.parametrize("token", [b"true", b"false"])
+def test_a_boolean_among_the_numbers_is_refused_whatever_the_bodys_size(
+    client: httpx.Client, elements: int, token: bytes
+) -> None:
+    body = b'{"data": [' + b", ".join([b"0.5", b"1.5"] * (elements // 2) + [token]) + b"]}"
+    assert (len(body) <= codec.KEEP_BODY_BYTES) == (elements == 64)
+    r = client.post("/normalize", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "data: booleans are not numbers; expected an array of numbers"
