@@ -127,9 +127,14 @@ def record(pid: int, port: int, request: Request, concurrency: int, seconds: flo
             proc.communicate()
             return {"error": "py-spy did not finish"}
         if proc.returncode != 0 or not out.is_file():
-            last = (err.strip().splitlines() or ["no message"])[-1]
-            return {"error": f"py-spy could not sample the worker (exit {proc.returncode}): {last}"}
+            return {"error": f"py-spy could not sample the worker (exit {proc.returncode}): {_reason(err)}"}
         return summarize(out.read_text())
+
+
+def _reason(stderr: str) -> str:
+    """py-spy's error line (`Error: ...`, before its backtrace), or its last line."""
+    lines = stderr.strip().splitlines() or ["no message"]
+    return next((ln.removeprefix("Error: ") for ln in lines if ln.startswith("Error: ")), lines[-1])
 
 
 def pinned_profiles(
