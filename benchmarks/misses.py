@@ -37,7 +37,7 @@ def profile_key(target: str) -> str | None:
     if target.startswith(STAGED):
         dims = target[len(STAGED) :].split(")")[0].strip("(").split(",")
         return _anchor("stages", [int(d) for d in dims if d.strip()])
-    if target.startswith(HALF):
+    if target.startswith(HALF) or target.startswith(f"V2 binary {LARGE} c=1 over HTTP"):  # FP32's stages too
         return _anchor("v2-stages")
     if target.startswith("peak RSS"):
         return _anchor("memory")

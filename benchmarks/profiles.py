@@ -38,6 +38,7 @@ LAYER_FILES: list[tuple[str, str]] = [
     ("app/server/api/body.py", "decode"),
     ("app/core/tensors.py", "encode/response"),
     ("app/server/api/responses.py", "encode/response"),
+    ("app/server/api/v2/grpc/wire.py", "encode/response"),
     ("app/server/telemetry/", "metrics/logging/tracing"),
     ("prometheus_client/", "metrics/logging/tracing"),
     ("opentelemetry/", "metrics/logging/tracing"),
@@ -59,7 +60,7 @@ LAYERS = [
     "metrics/logging/tracing",
     "other",
 ]
-CODECS = ("codec.py", "app/server/api/v2/grpc/wire.py")  # a codec frame's layer is its function's direction
+CODEC = "codec.py"  # a codec frame's layer: its (or its caller's) direction
 TOP = 8
 STAGES = ("queue", "compute_input", "compute_infer", "compute_output")  # Triton's names, its statistics' order
 
@@ -72,14 +73,25 @@ def frame_parts(frame: str) -> tuple[str, str]:
 
 def layer_of(stack: list[str]) -> str:
     """The layer of a stack (root first): that of its innermost frame LAYER_FILES or a codec names, else other."""
-    for frame in reversed(stack):
-        function, path = frame_parts(frame)
-        if path.endswith(CODECS):
-            return "decode" if "decode" in function.lower() else "encode/response"
+    for i in range(len(stack) - 1, -1, -1):
+        function, path = frame_parts(stack[i])
+        if path.endswith(CODEC):
+            return _direction(stack[: i + 1])
         for key, layer in LAYER_FILES:
             if key in path:
                 return layer
     return "other"
+
+
+def _direction(stack: list[str]) -> str:
+    """A codec frame's layer: decode or encode, as the nearest function that names one (a helper's caller)."""
+    for frame in reversed(stack):
+        function = frame_parts(frame)[0].lower()
+        if "decode" in function:  # before encode: /encode's own decode is decode_encode
+            return "decode"
+        if "encode" in function:
+            return "encode/response"
+    return "decode"
 
 
 def summarize(raw: str) -> dict[str, Any]:

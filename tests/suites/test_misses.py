@@ -90,6 +90,8 @@ def _row(target: str, verdict: str) -> list[str]:
         (LARGE_PEER, MISSED, "[profile](#profile-pinned-8-128-768)"),
         (STAGED, MISSED, "[profile](#profile-stages-8-128-768)"),
         (HALF_ROW, MISSED, "[profile](#profile-v2-stages)"),
+        ("V2 binary (8, 128, 768) c=1 over HTTP: p50 <= 3x its floor", MISSED, "[profile](#profile-v2-stages)"),
+        ("V2 binary (8, 128, 768) c=1 over gRPC: p50 <= 2x its floor", MISSED, "not profiled"),
         (MEMORY, MISSED, "[profile](#profile-memory)"),
         (MEMORY, MET, "-"),
         (ENCODER, MISSED, "not profiled"),

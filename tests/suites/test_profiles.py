@@ -47,6 +47,16 @@ RAW = "\n".join(
         (["V2Codec.encode (app/server/api/v2/http/codec.py:9)"], "encode/response"),
         (["append_raw (app/server/api/v2/grpc/wire.py:9)"], "encode/response"),
         (
+            ["decode_normalize (app/server/api/rest/codec.py:9)", "_Scan.release (app/server/api/rest/codec.py:2)"],
+            "decode",
+        ),
+        (
+            ["encode_normalize (app/server/api/rest/codec.py:9)", "shaped (app/server/api/rest/codec.py:2)"],
+            "encode/response",
+        ),
+        (["decode_encode (app/server/api/rest/codec.py:9)"], "decode"),
+        (["encode_encode (app/server/api/rest/codec.py:9)"], "encode/response"),
+        (
             ["encode (app/server/api/rest/codec.py:9)", "normalize (app/core/layernorm.py:1)", "f (numpy/x.py:1)"],
             "compute",
         ),
