@@ -168,18 +168,30 @@ def _stage_ns(port: int) -> dict[str, float]:
     return {"count": float(stats["success"]["count"]), **{s: float(stats[s]["ns"]) for s in STAGES}}
 
 
-def v2_stages(shape: tuple[int, ...], requests: int) -> list[dict[str, Any]]:
+def v2_stages(shape: tuple[int, ...], requests: int, rounds: int = 5) -> list[dict[str, Any]]:
     """Per request, the worker's own ms in each stage for FP32 and FP16 V2 binary of x: the differences of its
-    statistics around `requests` sequential requests of each, after one checked request warms each up."""
-    x, rows = sample(shape), []
+    statistics around sequential requests of each, `requests` in all per datatype, in interleaved rounds (a
+    neighbour's load on a shared machine falls on both alike); one checked request of each warms it up."""
+    x, protocols = sample(shape), ("V2 binary", HALF)
+    sums = {p: dict.fromkeys(("count", *STAGES), 0.0) for p in protocols}
     with servers.serve("normserve") as srv:
-        for protocol in ("V2 binary", HALF):
-            request = make_request(protocol, x)
+        wanted = {p: make_request(p, x) for p in protocols}
+        for request in wanted.values():
             check(srv.port, request)
-            before = _stage_ns(srv.port)
-            load(srv.port, request, 1, 120.0, max_requests=requests)
-            after = _stage_ns(srv.port)
-            n = after["count"] - before["count"]
-            ms = {s: (after[s] - before[s]) / n / 1e6 for s in STAGES}
-            rows.append({"protocol": protocol, "shape": shape, "requests": n, "stage_ms": ms})
-    return rows
+        for round_ in range(rounds):
+            for protocol, request in wanted.items():
+                before = _stage_ns(srv.port)
+                n = requests // rounds + (round_ < requests % rounds)
+                load(srv.port, request, 1, 120.0, max_requests=n)
+                after = _stage_ns(srv.port)
+                for key in sums[protocol]:
+                    sums[protocol][key] += after[key] - before[key]
+    return [
+        {
+            "protocol": p,
+            "shape": shape,
+            "requests": sums[p]["count"],
+            "stage_ms": {s: sums[p][s] / sums[p]["count"] / 1e6 for s in STAGES},
+        }
+        for p in protocols
+    ]
