@@ -121,17 +121,18 @@ def py_spy() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("py-spy")
 
 
-def record(pid: int, port: int, request: Request, concurrency: int, seconds: float, rate: int) -> dict[str, Any]:
-    """py-spy on the server's process while the load runs: its summary, or why there is none (never raises)."""
+def record(pid: int, port: int, request: Request, concurrency: int, seconds: int, rate: int) -> dict[str, Any]:
+    """py-spy on the server's process for whole `seconds` (its -d) while the load runs: its summary, or why
+    there is none (never raises)."""
     exe = py_spy()
     if exe is None:
         return {"error": "py-spy is not installed (the test extra has it)"}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "profile.raw"
         cmd = [exe, "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate)]
-        cmd += ["-d", f"{max(1, round(seconds))}", "--nonblocking", "-o", str(out)]
+        cmd += ["-d", str(seconds), "--nonblocking", "-o", str(out)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        load(port, request, concurrency, max(1, round(seconds)) + 0.5)  # the load outlasts the sampling
+        load(port, request, concurrency, seconds + 0.5)  # the load outlasts the sampling
         try:
             _, err = proc.communicate(timeout=seconds + 30)
         except subprocess.TimeoutExpired:
@@ -153,10 +154,10 @@ def pinned_profiles(
     cases: list[tuple[tuple[int, ...], int, int, int, Request]], seconds: float, log: Callable[[str], None]
 ) -> list[dict[str, Any]]:
     """One py-spy pass per (shape, concurrency, pid, port, request) of the pinned normserve cells."""
-    rows = []
+    rows, whole = [], max(1, round(seconds))  # py-spy samples for whole seconds
     for shape, conc, pid, port, request in cases:
-        summary = record(pid, port, request, conc, seconds, rate=200)
-        rows.append({"shape": shape, "concurrency": conc, "seconds": seconds, **summary})
+        summary = record(pid, port, request, conc, whole, rate=200)
+        rows.append({"shape": shape, "concurrency": conc, "seconds": whole, **summary})
         log(f"profile {shape!s:15} c={conc:<3} " + (summary.get("error") or f"{summary['samples']} samples"))
     return rows
 

@@ -106,7 +106,7 @@ def test_a_process_py_spy_cannot_sample_gives_the_reason_instead_of_failing() ->
     try:
         with servers.serve("normserve") as srv:
             request = make_request("/normalize JSON", sample((1, 8, 64)))
-            summary = profiles.record(sleeper.pid, srv.port, request, 1, 1.0, 100)
+            summary = profiles.record(sleeper.pid, srv.port, request, 1, 1, 100)
     finally:
         sleeper.kill()
         sleeper.wait(timeout=30)
@@ -117,7 +117,7 @@ def test_a_process_py_spy_cannot_sample_gives_the_reason_instead_of_failing() ->
 
 def test_py_spy_samples_a_real_worker_under_load_mostly_in_normserve_and_uvicorn() -> None:
     with servers.serve("normserve") as srv:
-        summary = profiles.record(srv.pid, srv.port, make_request("/normalize JSON", sample((1, 8, 64))), 4, 1.0, 200)
+        summary = profiles.record(srv.pid, srv.port, make_request("/normalize JSON", sample((1, 8, 64))), 4, 1, 200)
     assert "error" not in summary, summary
     assert summary["samples"] > 20
     assert abs(sum(summary["layers"].values()) - 1) < 1e-9
