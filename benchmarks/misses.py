@@ -105,8 +105,10 @@ def _stages(results: Results, anchor: str) -> list[str]:
     return [
         f'<a id="{anchor}"></a>\n### The conditioned /normalize path {_label(r["shape"])} in process, stage by stage\n',
         f"The whole call (`model.infer` on the data plane's input, gamma 1, beta 0, eps 1e-5): {whole * 1e3:.3g} "
-        "ms, median. Each stage is the function app/core/layernorm.py calls, timed alone on the same input "
-        "(medians); the rest is the whole call less the stages.\n",
+        "ms, median. Each stage is the function app/core/layernorm.py calls, on the same input, timed in rounds "
+        "interleaved with the whole call (medians; a stage the path runs per chunk of rows is timed on the first "
+        "chunk, times the number of chunks); the rest is the whole call less the stages (0 when they add up to "
+        "more).\n",
         table(["stage", "median ms", "share of the whole call"], rows),
     ]
 

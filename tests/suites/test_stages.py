@@ -51,7 +51,8 @@ def test_the_stages_call_what_the_path_calls_on_its_rows(runtime: Runtime) -> No
     model = runtime.get("layernorm")
     assert isinstance(model, LayerNormModel)
     x = sample((2, 8, 64))
-    calls = stages._stage_calls(model, x)
+    calls, chunks = stages._stage_calls(model, x)
+    assert chunks == 1  # 1,024 elements: one kernel run
     mean, var = cast(tuple[np.ndarray, np.ndarray], calls["float64 moments"]())
     want = reference.layer_norm(x, 1, 1e-5, "var")
     assert np.array_equal(mean, want.mean.reshape(-1)) and np.array_equal(var, want.var.reshape(-1))
@@ -64,3 +65,20 @@ def test_the_idle_rss_grows_with_each_step_of_a_worker_start() -> None:
     rss = stages.idle_rss()
     assert list(rss) == ["interpreter", "serving modules imported", "default models loaded"]
     assert 0 < rss["interpreter"] < rss["serving modules imported"] < rss["default models loaded"]
+
+
+def test_interleaved_calls_each_once_per_round_after_one_warm_up_each() -> None:
+    order: list[str] = []
+    calls = {name: (lambda name=name: order.append(name)) for name in ("whole", "a", "b")}
+    medians = stages.interleaved(calls, 0.0)  # no budget: the 3 rounds at least
+    assert order == ["whole", "a", "b"] * 4  # the warm-up round, then 3 timed
+    assert list(medians) == ["whole", "a", "b"] and all(m >= 0 for m in medians.values())
+
+
+@pytest.mark.parametrize(("shape", "chunks"), [((8, 128, 768), 1024 / 341), ((2, 1 << 18), 2.0), ((3, 64), 1.0)])
+def test_the_per_chunk_stages_scale_by_the_row_chunks_the_path_runs(
+    runtime: Runtime, shape: tuple[int, ...], chunks: float
+) -> None:
+    model = runtime.get("layernorm")
+    assert isinstance(model, LayerNormModel)
+    assert stages._stage_calls(model, sample(shape))[1] == chunks
