@@ -22,6 +22,7 @@ from typing import Any
 from benchmarks import servers
 from benchmarks.inprocess import sample
 from benchmarks.load import Request, check, load
+from benchmarks.profiles import pinned_profiles
 from benchmarks.serving import TRIVIAL, array_verifier, load_row, make_request, output_of
 from benchmarks.targets import PEER_GOALS, SMALL, TRIVIAL_CPU_GOAL
 
@@ -43,6 +44,7 @@ class PinnedPlan:
     seconds: float  # per cell and round
     rounds: int = 3
     warm_s: float = 1.0  # load before each cell: the server's caches after its neighbours' turns
+    profile_s: float = 0.0  # py-spy on normserve per case after the rounds (benchmarks/profiles.py); 0: none
 
 
 def protocol_of(server: str) -> str:
@@ -106,10 +108,25 @@ def pinned_section(plan: PinnedPlan, log: Callable[[str], None]) -> dict[str, An
         os.sched_setaffinity(0, {load_core})  # this thread runs the load loop (one event loop, no threads)
         try:
             runs = _rounds(plan, running, requests, log)
+            profiled = _profiles(plan, running, requests, log)  # after every measured cell: none carries py-spy
         finally:
             os.sched_setaffinity(0, affinity)
     figures = {"server_cpu": server_core, "load_cpu": load_core, "rounds": plan.rounds, "seconds": plan.seconds}
-    return {**figures, "cells": [_median(key, rows) for key, rows in runs.items()]}
+    return {**figures, "cells": [_median(key, rows) for key, rows in runs.items()], "profiles": profiled}
+
+
+def _profiles(
+    plan: PinnedPlan,
+    running: dict[str, servers.Server],
+    requests: dict[tuple[str, tuple[int, ...]], Request],
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """normserve's worker sampled under each case's load, as pinned as its cells were."""
+    if plan.profile_s <= 0 or "normserve" not in running:
+        return []
+    srv = running["normserve"]
+    cases = [(c.shape, c.concurrency, srv.pid, srv.port, requests["normserve", c.shape]) for c in plan.cases]
+    return pinned_profiles(cases, plan.profile_s, log)
 
 
 def _rounds(

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from benchmarks import misses
 from benchmarks.pinned import headline
 from benchmarks.sections import sections, table
 from benchmarks.targets import COLUMNS, evaluate
@@ -27,7 +28,9 @@ def write_markdown(results: dict[str, Any], path: Path, png_name: str) -> None:
     machine = [[k, v] for k, v in meta["machine"].items()] + [[k, v] for k, v in meta["versions"].items()]
     parts += ["## Machine and versions\n", table(["", ""], machine)]
     parts += headline(results)  # the pinned comparison: what a user pays per core
-    parts += ["## Targets\n", table(COLUMNS, evaluate(results))]
+    rows, profiled = misses.linked(results, evaluate(results))
+    parts += ["## Targets\n", table([*COLUMNS, "profile"], rows)]
+    parts += misses.section(results, profiled)  # where each missed target's time or memory goes, this run
     parts += sections(results)
     parts.append(f"\n![latency against payload size]({png_name})\n")
     notes = Path(__file__).with_name("notes.md")

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks import floors, inprocess, options, report, servers, serving
+from benchmarks import floors, inprocess, options, profiles, report, servers, serving, stages
 from benchmarks.encoder_torch import encoder_vs_torch
 from benchmarks.options import SECTIONS
 from benchmarks.pinned import PinnedCase, PinnedPlan, pinned_section
@@ -59,6 +59,7 @@ class Config:
     note: str = ""
     fidelity: bool = True
     command: str = "normserve bench"
+    profile_requests: int = 100  # per datatype: the V2 stages of FP32 and FP16 (benchmarks/profiles.py)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -81,13 +82,14 @@ def pinned_plan(peers: list[str], seconds: float, warm_s: float) -> PinnedPlan:
     """Issue 25's cases: small /normalize at c=8 (with the trivial app, the floor of its CPU), large at c=1."""
     small = PinnedCase((1, 8, 64), 8, ("normserve", TRIVIAL, *peers))
     large = PinnedCase((8, 128, 768), 1, ("normserve", *peers))
-    return PinnedPlan([small, large], seconds, rounds=3, warm_s=warm_s)
+    return PinnedPlan([small, large], seconds, rounds=3, warm_s=warm_s, profile_s=min(5.0, seconds))
 
 
 def quick(out_dir: Path, peers: list[str]) -> Config:
     plan = HttpPlan(HTTP_SHAPES, [1, 8], 1.5, _servers(peers), skip=_quick_skip)
     cfg = Config(out_dir, "quick", FLOOR_SHAPES, HTTP_SHAPES, 0.15, plan, ENCODE_SHAPES, [1, 16], 1.5, 64 << 20)
     cfg.pinned = pinned_plan(peers, 1.5, 0.5)
+    cfg.profile_requests = 30
     return cfg
 
 
@@ -128,6 +130,8 @@ def _in_process(cfg: Config) -> dict[str, Any]:
         results["threads"] = inprocess.threads(layernorm_path, cfg.floor_shapes, cfg.budget_s)
         results["stats_cost"] = inprocess.stats_cost(runtime, cfg.floor_shapes, cfg.budget_s)
         results["encoder_torch"] = encoder_vs_torch(runtime, cfg.torch_encoder_shapes, cfg.budget_s)
+        staged = stages.conditioned_stages(runtime, cfg.floor_shapes, min(cfg.budget_s, 0.3))
+        results.setdefault("profiles", {})["stages"] = staged  # after the rows they explain
     if "codecs" in cfg.sections:
         stderr_log("section 2: codecs")
         results["codecs"] = inprocess.codecs(runtime, settings, cfg.codec_shapes, cfg.budget_s)
@@ -152,6 +156,8 @@ def _over_http(cfg: Config, results: dict[str, Any]) -> None:
     if "http" in cfg.sections:
         stderr_log(f"section 3: HTTP, {cfg.http.seconds:g} s per cell, servers {cfg.http.servers}")
         results["http"] = serving.http_section(cfg.http, stderr_log) + _grpc_floor(cfg)
+        v2 = profiles.v2_stages(cfg.http.shapes[-1], cfg.profile_requests)  # a fresh worker, after the cells
+        results.setdefault("profiles", {})["v2_stages"] = v2
     if "batching" in cfg.sections:
         stderr_log("section 4: /encode, dynamic batching off and on")
         results["batching"] = serving.batching_section(
@@ -160,6 +166,7 @@ def _over_http(cfg: Config, results: dict[str, Any]) -> None:
     if "memory" in cfg.sections:
         stderr_log("section 5: peak RSS")
         results["memory"] = serving.memory_section(cfg.memory_bytes, stderr_log)
+        results.setdefault("profiles", {})["idle_rss"] = stages.idle_rss()
 
 
 def _grpc_floor(cfg: Config) -> list[dict[str, Any]]:

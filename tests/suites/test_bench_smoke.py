@@ -35,10 +35,11 @@ SECTION_HEADINGS = [
 def tiny(out_dir: Path) -> suite.Config:
     """The quick run's code path on tiny shapes, 0.3 s per HTTP cell, the naive peer and the floors; no KServe or
     MLServer (their venvs take a minute or more to create: `--quick --with-kserve --with-mlserver` runs them).
-    The pinned headline: the small case with the trivial app and the naive peer, two rounds of 0.3 s."""
+    The pinned headline: the small case with the trivial app and the naive peer, two rounds of 0.3 s, then one
+    second of py-spy on normserve's worker."""
     shapes = [(1, 8, 64), (2, 4, 32)]
     headline = pinned.PinnedPlan(
-        [pinned.PinnedCase((1, 8, 64), 8, ("normserve", TRIVIAL, "naive"))], 0.3, rounds=2, warm_s=0.1
+        [pinned.PinnedCase((1, 8, 64), 8, ("normserve", TRIVIAL, "naive"))], 0.3, rounds=2, warm_s=0.1, profile_s=1.0
     )
     plan = HttpPlan(shapes, [1, 2], 0.3, ["normserve", TRACED, TRIVIAL, "naive"], skip=suite._floor_cell)
     return suite.Config(
@@ -56,6 +57,7 @@ def tiny(out_dir: Path) -> suite.Config:
         pinned=headline,
         torch_encoder_shapes=[(1, 4, 128)],
         fidelity=False,  # scripts/fidelity.py has its own tests
+        profile_requests=5,
         note="smoke test",
     )
 
@@ -173,3 +175,24 @@ def test_the_headline_and_its_targets_come_from_the_pinned_cells(report: tuple[P
     assert "| /normalize JSON (1,8,64) c=8 | " in text
     assert "/normalize JSON (1, 8, 64) c=8 (pinned): server CPU per request <= 6x the trivial ASGI app's | " in text
     assert "/normalize JSON (1, 8, 64) c=8 (pinned): req/s >= 10x naive FastAPI | " in text
+
+
+def test_the_pinned_worker_was_sampled_after_its_rounds_and_its_miss_links_the_profile(
+    report: tuple[Path, dict[str, Any]],
+) -> None:
+    (profile,) = report[1]["pinned"]["profiles"]
+    assert (tuple(profile["shape"]), profile["concurrency"]) == ((1, 8, 64), 8)
+    assert "error" not in profile and profile["samples"] > 0, profile
+    text = (report[0] / "benchmarks.md").read_text()
+    assert "| target | measured | multiple of its floor | verdict | profile |" in text
+    # 10x a peer that does a subset of the work on the same server: missed on any machine (benchmarks/notes.md).
+    row = "/normalize JSON (1, 8, 64) c=8 (pinned): req/s >= 10x naive FastAPI | "
+    assert text.split(row, 1)[1].split("\n", 1)[0].endswith(" | **missed** | [profile](#profile-pinned-1-8-64) |")
+    assert "## Profiles of the misses\n" in text and '<a id="profile-pinned-1-8-64"></a>' in text
+
+
+def test_the_stage_v2_and_idle_memory_profiles_were_measured(report: tuple[Path, dict[str, Any]]) -> None:
+    measured = report[1]["profiles"]
+    assert [tuple(r["shape"]) for r in measured["stages"]] == [(1, 8, 64), (2, 4, 32)]
+    assert [(r["protocol"], r["requests"]) for r in measured["v2_stages"]] == [("V2 binary", 5), (HALF, 5)]
+    assert list(measured["idle_rss"]) == ["interpreter", "serving modules imported", "default models loaded"]
