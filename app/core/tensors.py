@@ -109,13 +109,17 @@ def to_finite_float(arr: np.ndarray, field: str) -> np.ndarray:
     raise InvalidInput(f"element {index} = {value} is outside {name}'s finite range (|x| <= {top:.7g})", field)
 
 
-def check_finite(arr: np.ndarray, field: str, datatype: str = "FP32") -> None:
-    """Refuse a result that does not fit the datatype it is sent in (it overflowed): the one output check."""
+def check_finite(arr: np.ndarray, field: str, datatype: str = "FP32") -> float:
+    """Refuse a result that does not fit the datatype it is sent in (it overflowed): the one output check.
+
+    Returns the largest magnitude in arr, which a caller rounding it to a half type needs too (one pass less)."""
     limit = _limit(datatype)
     # NaN propagates through min and max and fails both comparisons; no temporary the size of the output.
-    if not (-limit <= float(arr.min()) and float(arr.max()) <= limit):
+    low, high = float(arr.min()), float(arr.max())
+    if not (-limit <= low and high <= limit):
         hint = "scale the input or gamma down, or use a larger eps"
         raise InvalidInput(f"the result is not finite in {datatype} (it overflows); {hint}", field)
+    return max(high, -low)
 
 
 @functools.cache

@@ -12,6 +12,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 
 from app import __version__
+from app.core import heap
 from app.server import group, heads, modelsync
 from app.server.api import docs, errors, health, openapi, playground
 from app.server.api import metrics as metrics_api
@@ -34,6 +35,7 @@ log = logging.getLogger("normserve.models")
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     worker: Worker = app.state.worker
     logs.configure(worker.settings.log_level)
+    heap.raise_thresholds()  # in each worker process: a request's arrays reused, not faulted in anew
     metrics.reap_dead_workers()
     tracing.STATE.configure(os.environ)  # OTLP export from OTEL_* in each worker process, after the fork
     # The threadpool runs every inference; it must admit as many as the in-flight limit does.

@@ -15,6 +15,7 @@ from app.core.halfprecision import (
     narrow,
     narrow_exact,
     shortest,
+    sparse_nonzero,
     ulp_errors,
     uncertain,
     widen,
@@ -137,6 +138,18 @@ def test_uncertain_elements_are_those_below_the_magnitude_whose_spacing_is_twice
 ) -> None:
     z = np.array([threshold + err, threshold + err * 0.99, -threshold, 0.0, 1.0, -(threshold + err)], np.float32)
     assert uncertain(z, err, datatype).tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 64, 1001, 786_432])
+@pytest.mark.parametrize("density", [0.0, 0.025, 0.5, 1.0])  # below and above the dense fallback's 1 word in 4
+def test_sparse_nonzero_finds_the_indices_flatnonzero_does(size: int, density: float) -> None:
+    mask = np.random.default_rng(size).random(size) < density
+    assert np.array_equal(sparse_nonzero(mask), np.flatnonzero(mask))
+
+
+def test_sparse_nonzero_reads_a_strided_mask_in_row_major_order() -> None:
+    mask = (np.random.default_rng(3).random((6, 40)) < 0.05)[::2, 1::3]
+    assert np.array_equal(sparse_nonzero(mask), np.flatnonzero(mask))
 
 
 @pytest.mark.parametrize("datatype", DATATYPES)

@@ -1,4 +1,5 @@
-"""app/core/heap.py: a warm-up's memory given back, measured as resident memory in a process of its own.
+"""app/core/heap.py: a warm-up's memory given back, a request's kept: resident memory and page faults measured
+in a process of its own.
 
 Each case runs in a fresh interpreter, so what other tests allocated in this one does not blur the figures."""
 
@@ -70,3 +71,31 @@ def test_loading_the_default_models_keeps_little_of_their_warm_ups() -> None:
     # warm-ups' arena and freed heap); with it, 28 MiB (measured, AMD EPYC).
     grown = _measure(LOAD, str(MODELS))
     assert grown < 50 * MIB, f"loading the default models added {grown / MIB:.1f} MiB of resident memory"
+
+
+# A request's arrays: eight of 1 MiB, written, then freed together, as the FP16 path's (no chunk freed on its
+# own as large as them all). Prints the median minor page faults per request after two to settle.
+REQUESTS = """
+import resource, statistics
+from app.core import heap
+if sys.argv[1] == "1":
+    assert heap.raise_thresholds()
+def request() -> None:
+    arrays = [np.ones(1 << 17) for _ in range(8)]
+faults = []
+for _ in range(12):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    request()
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps(statistics.median(faults[2:])))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.parametrize(
+    ("raised", "faults"),
+    [("0", range(1024, 4096)), ("1", range(64))],  # 8 MiB is 2,048 pages of 4 KiB
+    ids=["glibc-trims-the-heap-after-each-request", "raised-thresholds-keep-it-for-the-next"],
+)
+def test_raised_thresholds_keep_a_request_s_freed_arrays_for_the_next_one(raised: str, faults: range) -> None:
+    assert _measure(REQUESTS, raised) in faults
