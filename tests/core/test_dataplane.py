@@ -286,3 +286,28 @@ def test_an_unknown_output_datatype_is_refused_naming_the_field(f: Fields) -> No
         with pytest.raises(InvalidInput) as e:
             build()
         assert str(e.value) == f"{f.dtype}: expected one of FP32, FP64, FP16, BF16, got 'FP8'"
+
+
+# ---- rows that float32 rounds to one value ------------------------------------------------------------------
+
+ONE = 1.0 + 2.0**-30  # rounds to 1.0 in float32
+ROUNDED = "its values differ but all round to the same float32, 1.0, so its var is 0 and its normalized values are 0"
+
+
+@pytest.mark.parametrize(
+    ("rows", "k", "warnings"),
+    [
+        pytest.param([[1.0, ONE, 1.0]], 1, (f"data: row [0]: {ROUNDED}",), id="first-two-differ-as-sent"),
+        pytest.param([[1.0, 1.0, ONE]], 1, (f"data: row [0]: {ROUNDED}",), id="first-two-equal-as-sent"),
+        pytest.param([[2.0, 3.0], [1.0, ONE]], 1, (f"data: row [1]: {ROUNDED}",), id="second-row"),
+        pytest.param([[1.0, 1.0, 2.0]], 1, (), id="first-two-equal-row-not-constant"),
+        pytest.param([[1.0, 1.0, 1.0]], 1, (), id="constant-as-sent"),
+        pytest.param([[1.0], [ONE]], 1, (), id="one-value-rows"),
+        pytest.param([[1.0, ONE], [1.0, ONE]], 2, (f"data: {ROUNDED}",), id="one-row-of-two-dims"),
+        pytest.param([[1.0, 1.0], [1.0, 2.0]], 2, (), id="one-row-of-two-dims-not-constant"),
+    ],
+)
+def test_a_row_whose_distinct_values_round_to_one_float32_is_warned_of(
+    rows: list[list[float]], k: int, warnings: tuple[str, ...]
+) -> None:
+    assert NormalizeInput(np.array(rows), k).warnings == warnings
