@@ -9,6 +9,7 @@ import pytest
 
 from app.core.tensors import (
     DATATYPES,
+    FLOAT32_MAX,
     binary_view,
     decode_binary,
     decode_json_tensor,
@@ -113,3 +114,42 @@ def test_half_precision_binary_is_two_bytes_per_element_both_ways(datatype: str)
     with pytest.raises(MalformedBody) as e:
         decode_binary(raw[:7], datatype, [2, 2], "inputs.input")
     assert str(e.value) == f"inputs.input: binary_data_size is 7 bytes, but shape [2, 2] of {datatype} needs 8"
+
+
+CAST_LIMIT = 2.0**128 - 2.0**103  # FLOAT32_MAX plus half its spacing: the first float64 that rounds to inf
+BELOW = float(np.nextafter(CAST_LIMIT, 0.0))
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype", "expected"),
+    [
+        pytest.param([BELOW, -BELOW], np.float64, [FLOAT32_MAX, -FLOAT32_MAX], id="float64-rounding-to-max"),
+        pytest.param([0.1, -2.5], np.float64, [np.float32(0.1), -2.5], id="float64"),
+        pytest.param([FLOAT32_MAX, -FLOAT32_MAX], np.float32, [FLOAT32_MAX, -FLOAT32_MAX], id="float32-max"),
+        pytest.param([2**63 - 1, -(2**63)], np.int64, [2.0**63, -(2.0**63)], id="int64"),
+        pytest.param([2**64 - 1], np.uint64, [2.0**64], id="uint64"),
+    ],
+)
+def test_every_value_that_rounds_to_a_finite_float32_is_taken(
+    values: list[float], dtype: type[np.generic], expected: list[float]
+) -> None:
+    out = to_finite_float(np.array(values, dtype), "data")
+    assert out.dtype == np.float32 and out.tolist() == expected
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype", "message"),
+    [
+        pytest.param([1.0, CAST_LIMIT], np.float64, f"element [1] = {CAST_LIMIT} is outside", id="float64-at-limit"),
+        pytest.param([-CAST_LIMIT, 1.0], np.float64, f"element [0] = {-CAST_LIMIT} is outside", id="float64-negative"),
+        pytest.param([1.0, np.nan], np.float64, "element [1] = nan is outside", id="float64-nan"),
+        pytest.param([np.inf], np.float32, "element [0] = inf is outside", id="float32-inf"),
+        pytest.param([0.0, -np.inf], np.float32, "element [1] = -inf is outside", id="float32-negative-inf"),
+    ],
+)
+def test_a_value_that_rounds_past_float32_is_refused_by_its_index(
+    values: list[float], dtype: type[np.generic], message: str
+) -> None:
+    with pytest.raises(InvalidInput) as e:
+        to_finite_float(np.array(values, dtype), "data")
+    assert str(e.value) == f"data: {message} float32's finite range (|x| <= 3.402823e+38)"
