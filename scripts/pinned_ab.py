@@ -39,6 +39,7 @@ def measure(checkout: Path, request: Request, concurrency: int, seconds: float) 
     env = {**os.environ, "PYTHONPATH": str(checkout), "NORMSERVE_MODEL_DIR": str(checkout / "models")}
     env |= {"NORMSERVE_LOG_LEVEL": "warning", "NORMSERVE_GRPC_PORT": "0"}  # as the benchmark runs it
     command = ["taskset", "-c", str(SERVER_CPU), *servers.normserve_command()]
+    servers.CACHE.mkdir(exist_ok=True)  # a fresh checkout has no .bench yet
     log = servers.CACHE / "pinned_ab.log"
     with servers.server_process(command, cwd=checkout, env=env, output=log) as server:
         check(server.port, request)
