@@ -17,6 +17,7 @@ from benchmarks.targets import JSON, LARGE, SMALL, Row
 
 MISSED = "**missed**"
 STAGED = "conditioned /normalize path "  # the in-process rows: the shape follows
+STATISTICS = "statistics outputs "  # the rows of the statistics' cost: the shape follows
 HEADING = "## Profiles of the misses"
 Results = dict[str, Any]
 
@@ -34,9 +35,10 @@ def profile_key(target: str) -> str | None:
     for shape in (SMALL, LARGE):
         if target.startswith(f"{JSON} {shape} c=") and "tracing" not in target:
             return _anchor("pinned", shape)
-    if target.startswith(STAGED):
-        dims = target[len(STAGED) :].split(")")[0].strip("(").split(",")
-        return _anchor("stages", [int(d) for d in dims if d.strip()])
+    for prefix in (STAGED, STATISTICS):  # the statistics' cost is the stages' moments at that shape
+        if target.startswith(prefix):
+            dims = target[len(prefix) :].split(")")[0].strip("(").split(",")
+            return _anchor("stages", [int(d) for d in dims if d.strip()])
     if target.startswith(HALF) or target.startswith(f"V2 binary {LARGE} c=1 over HTTP"):  # FP32's stages too
         return _anchor("v2-stages")
     if target.startswith("peak RSS"):

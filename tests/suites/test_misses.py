@@ -95,6 +95,8 @@ def _row(target: str, verdict: str) -> list[str]:
         (MEMORY, MISSED, "[profile](#profile-memory)"),
         (MEMORY, MET, "-"),
         (ENCODER, MISSED, "not profiled"),
+        ("statistics outputs (8, 128, 768): <= 10% over output only", MISSED, "[profile](#profile-stages-8-128-768)"),
+        ("statistics outputs (1, 8, 64): <= 10% over output only", MISSED, "not profiled"),
         (
             "conditioned /normalize path (1, 8, 64) in process: <= 2x a plain onnxruntime session call",
             MISSED,
