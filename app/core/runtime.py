@@ -1,13 +1,13 @@
 """The model versions one worker serves: built from the repository, warmed up, published, retired.
 
-A version takes traffic only once it is built (sha256 of every file, one session) and has passed its parity
-warm-up against the NumPy reference. Publishing swaps in a new dict of the serving versions, so a request reads
-a consistent snapshot without a lock, and one already holding a model object finishes on it after that version
-is retired (onnxruntime frees the session when the last holder lets go). Loads and unloads take one lock.
+A version takes traffic once built (sha256 of every file, one session) and past its parity warm-up against the
+NumPy reference. Publishing swaps in a new dict of the serving versions: a request reads a consistent snapshot
+without a lock, and one holding a model object finishes on it after its version is retired or reloaded, which
+closes it (onnxruntime frees the session when the last holder lets go). Loads and unloads take one lock.
 
-The Runtime is the only writer of each version's State: a load is `build_versions` (LOADING) then `serve`
-(READY), a failure in it changes nothing that serves (`fail`), `retire` shows UNLOADING until the version is
-closed. What to load is the caller's: `load` alone, app/server/control.py in a server.
+The Runtime alone writes each version's State: a load is `build_versions` (LOADING) then `serve` (READY), a
+failure in it changes nothing that serves (`fail`), `retire` shows UNLOADING until the version is closed.
+What to load is the caller's: `load` alone, app/server/control.py in a server.
 """
 
 from __future__ import annotations
@@ -114,8 +114,7 @@ class Runtime:
         return MappingProxyType(self._states)
 
     def load(self) -> None:
-        """Every model's versions as its policy selects them, built, warmed up and serving: a runtime with no
-        server around it (benchmarks, scripts). A server's worker chooses what to load in app/server/control.py."""
+        """Every model's versions its policy selects, serving; without a server (a worker's: app/server/control.py)."""
         self.repository.check_layout()
         for name in self.repository.names():
             policy = self.repository.policy(name)
@@ -134,8 +133,7 @@ class Runtime:
         return built
 
     def serve(self, models: list[Model]) -> dict[tuple[str, str], tuple[float, float]]:
-        """The parity warm-up of each built version, then, only once every one passed, they serve together:
-        (max abs diff, tolerance) by (name, version). If one fails, none serves."""
+        """Each version's parity warm-up; only once all passed, they serve together. (diff, atol) by (name, version)."""
         figures = {}
         for model in models:
             try:
@@ -219,15 +217,17 @@ class Runtime:
         return diff, atol
 
     def publish(self, model: Model) -> None:
-        """The version takes traffic: requests without a version go to the highest one serving."""
+        """The version takes traffic (requests without a version go to the highest); the model it replaces closes."""
         with self.lock:
-            versions = {**self.serving.get(model.name, {}), int(model.version): model}
-            self.serving = {**self.serving, model.name: versions}
+            versions = self.serving.get(model.name, {})
+            replaced = versions.get(int(model.version))
+            self.serving = {**self.serving, model.name: {**versions, int(model.version): model}}
             self._states[model.name, int(model.version)] = VersionState(State.READY)
+        if replaced is not None:
+            replaced.close()  # a reload in place: its batcher's thread kept the old session alive; holders finish
 
     def retire(self, name: str, version: int, reason: str = "unloaded") -> Model | None:
-        """The version takes no new request (UNLOADING until it is closed); those holding it finish on it. The
-        model retired, if it served."""
+        """The version takes no new request (UNLOADING until closed), its holders finish on it: the model, if any."""
         with self.lock:
             versions = dict(self.serving.get(name, {}))
             model = versions.pop(version, None)

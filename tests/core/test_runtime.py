@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from app.core.encoder import EncoderModel
@@ -120,6 +122,27 @@ def test_without_a_version_the_highest_serving_one_answers(models: Path) -> None
         State.UNAVAILABLE, "unloaded"
     )
     assert runtime.retire("layernorm", 3) is None  # twice: nothing more to retire
+
+
+def _batcher_threads(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"batcher-{name}"]
+
+
+def test_a_version_reloaded_in_place_closes_the_one_it_replaces(models: Path) -> None:
+    """Poll mode reloads a version whose files changed; the replaced model's batcher thread ends (it held the
+    old session alive: one thread and one session leaked per reload)."""
+    runtime = Runtime(Settings(model_dir=models), in_flight=lambda: 2)  # another request in flight: hand off
+    others = set(_batcher_threads("encoder/1"))  # other tests' runtimes serve an encoder/1 too
+    runtime.serve(runtime.build_versions("encoder", [1], runtime.repository.policy("encoder")))
+    old = runtime.get("encoder")
+    assert isinstance(old, EncoderModel) and old.batcher is not None
+    x = np.zeros((1, 4, old.config.d_model), np.float32)
+    old.batcher.run(x, np.zeros((1, 4), bool), ["output"])  # waits the delay for the other, then runs alone
+    (thread,) = set(_batcher_threads("encoder/1")) - others
+    runtime.serve(runtime.build_versions("encoder", [1], runtime.repository.policy("encoder")))
+    assert runtime.get("encoder") is not old
+    thread.join(timeout=10)
+    assert not thread.is_alive()
 
 
 @pytest.mark.parametrize(
