@@ -57,7 +57,10 @@ def _malloc_trim() -> Callable[[int], int] | None:
 def trim() -> bool:
     """Give the heap's free pages back to the OS; False where the C library cannot."""
     malloc_trim = _malloc_trim()
-    return malloc_trim is not None and bool(malloc_trim(0) or True)
+    if malloc_trim is None:
+        return False
+    malloc_trim(0)  # 1 if it released memory, 0 if there was none to release: done either way
+    return True
 
 
 def raise_thresholds(size: int = RAISE_TO) -> bool:

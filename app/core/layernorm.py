@@ -257,11 +257,12 @@ def _narrowed(req: NormalizeInput, output: np.ndarray, mean: np.ndarray, var: np
         rows = idx // req.cols  # into the (R, D) view
         den = reference.denominator(var.reshape(-1), req.eps, req.eps_mode)  # R: per row
         y = (req.x.reshape(-1)[idx].astype(np.float64) - mean.reshape(-1)[rows]) / den[rows]
-        cols = idx - rows * req.cols  # cheaper than np.divmod's remainder
-        if req.gamma is not None:
-            y *= req.gamma.reshape(-1)[cols]
-        if req.beta is not None:
-            y += req.beta.reshape(-1)[cols]
+        if req.gamma is not None or req.beta is not None:
+            cols = idx - rows * req.cols  # cheaper than np.divmod's remainder
+            if req.gamma is not None:
+                y *= req.gamma.reshape(-1)[cols]
+            if req.beta is not None:
+                y += req.beta.reshape(-1)[cols]
         half.reshape(-1)[idx] = narrow(y, req.dtype, "output")
     return half
 

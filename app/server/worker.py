@@ -25,7 +25,7 @@ from app.server.control import LOAD_ERRORS, ModelControl
 from app.server.drain import Drain
 from app.server.modelsync import ModelSync
 from app.server.pipeline import Codec, Job
-from app.server.telemetry import metrics, observability
+from app.server.telemetry import metrics, record
 from app.server.telemetry.statistics import Statistics
 from app.server.telemetry.timer import InferTimer
 from app.settings import Settings
@@ -140,7 +140,7 @@ class Worker:
             if not self.admission.ready:
                 raise NotReady(f"server is not ready: {self.admission.not_ready_reason}") from None
             raise
-        observability.note_model(name)  # the request's log line names the model it used
+        record.note_model(name)  # the request's log line names the model it used
         return model
 
     def metadata(self, name: str, version: str | None = None) -> dict[str, Any]:

@@ -39,9 +39,6 @@ def request_id(scope: Scope) -> str | None:
     return value if isinstance(value, str) else None
 
 
-note_model = record.note_model  # the Worker's and the REST routes' name for it, from before gRPC shared the record
-
-
 def _latin1(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")  # as HTTP headers are
 

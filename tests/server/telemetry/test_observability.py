@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.server.app import create_app
-from app.server.telemetry import observability
+from app.server.telemetry import record
 from app.settings import Settings
 from tests.live_server import MODELS
 from tests.server.log_records import captured
@@ -196,7 +196,7 @@ async def _boom() -> None:
 
 
 async def _noted_in_a_thread(request: Request) -> Response:
-    await anyio.to_thread.run_sync(observability.note_model, request.path_params["name"])
+    await anyio.to_thread.run_sync(record.note_model, request.path_params["name"])
     return Response("noted")
 
 
@@ -229,7 +229,7 @@ def test_an_error_past_every_handler_is_logged_and_counted_as_a_500_with_its_id(
 def test_note_model_from_a_worker_thread_names_the_model_of_its_own_request(
     access_lines: list[logging.LogRecord],
 ) -> None:
-    observability.note_model("outside-any-request")  # no request is being served: noted nowhere
+    record.note_model("outside-any-request")  # no request is being served: noted nowhere
     responses = requests_in_process(("GET", "/noted/alpha", {}), ("GET", "/v2/health/live", {}))
     assert [r.status_code for r in responses] == [200, 200]
     assert [(vars(line)["path"], vars(line)["model"]) for line in access_lines] == [
