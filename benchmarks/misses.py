@@ -117,17 +117,39 @@ def _stages(results: Results, anchor: str) -> list[str]:
 
 def _v2_stages(results: Results, anchor: str) -> list[str]:
     fp32, fp16 = ({r["protocol"]: r for r in results["profiles"]["v2_stages"]}[p] for p in ("V2 binary", HALF))
-    rows = []
-    for stage in STAGES:
-        a, b = fp32["stage_ms"][stage], fp16["stage_ms"][stage]
-        rows.append([stage, f"{a:.3g}", f"{b:.3g}", f"{b / a:.2f}" if a else "-"])
+    figures = {stage: (fp32["stage_ms"][stage], fp16["stage_ms"][stage]) for stage in STAGES}
+    whole = "server_ms" in fp32  # the worker's CPU around the same requests: runs since it was measured
+    if whole:
+        outside = [r["server_ms"] - sum(r["stage_ms"].values()) for r in (fp32, fp16)]
+        figures |= {"outside the stages (HTTP, transport, middleware)": (outside[0], outside[1])}
+        figures |= {"the whole request (the worker's CPU)": (fp32["server_ms"], fp16["server_ms"])}
+    rows = [[stage, f"{a:.3g}", f"{b:.3g}", f"{b / a:.2f}" if a else "-"] for stage, (a, b) in figures.items()]
     return [
         f'<a id="{anchor}"></a>\n### V2 binary FP16 and FP32 {_label(fp32["shape"])}: the worker\'s own stages\n',
         f"Triton's statistics extension (/v2/models/layernorm/stats) read before and after {fp32['requests']:.0f} "
-        "sequential requests of each, ms per request. FP16 moves half the bytes of the same elements: a stage "
-        "near 0.5x scales with bytes, one near 1x or above with elements (and FP16's faithful rounding).\n",
+        "sequential requests of each, ms per request"
+        + (", and the worker's CPU (user + system) around the same requests" if whole else "")
+        + ". FP16 moves half the bytes of the same elements: a stage near 0.5x scales with bytes, one near 1x or "
+        "above with elements (and FP16's faithful rounding).\n",
         table(["stage", "FP32 ms", "FP16 ms", "FP16 / FP32"], rows),
+        *([_parity(fp32, fp16)] if whole else []),
     ]
+
+
+def _parity(fp32: dict[str, Any], fp16: dict[str, Any]) -> str:
+    """What the per-byte row asks of FP16's compute, from the same requests: the whole FP16 request at most half
+    the FP32 one, and what is left of it with compute_infer taken away."""
+    half, rest = fp32["server_ms"] / 2, fp16["server_ms"] - fp16["stage_ms"]["compute_infer"]
+    verdict = (
+        "more than that already: no FP16 compute, however fast, meets the row"
+        if rest > half
+        else f"within it: a compute_infer of at most {half - rest:.3g} ms would meet the row"
+    )
+    return (
+        f"Moving FP16's bytes as fast as FP32's per byte means an FP16 request costs at most half an FP32 one: "
+        f"{half:.3g} ms of the worker's CPU. The FP16 request without its compute_infer costs {rest:.3g} ms, "
+        f"{verdict}.\n"
+    )
 
 
 def _memory(results: Results, anchor: str) -> list[str]:

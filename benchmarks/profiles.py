@@ -2,7 +2,7 @@
 
 Each runs after the cells it explains (the measured figures never carry a sampler's cost): `pinned_profiles`
 samples the pinned normserve worker under the same load as its pinned cell, `v2_stages` reads Triton's
-statistics extension around FP32 and FP16 V2 binary requests on a fresh worker.
+statistics extension and the worker's CPU around FP32 and FP16 V2 binary requests on a fresh worker.
 """
 
 from __future__ import annotations
@@ -174,24 +174,26 @@ def v2_stages(shape: tuple[int, ...], requests: int, rounds: int = 5) -> list[di
     statistics around sequential requests of each, `requests` in all per datatype, in interleaved rounds (a
     neighbour's load on a shared machine falls on both alike); one checked request of each warms it up."""
     x, protocols = sample(shape), ("V2 binary", HALF)
-    sums = {p: dict.fromkeys(("count", *STAGES), 0.0) for p in protocols}
+    sums = {p: dict.fromkeys(("count", "server_ns", *STAGES), 0.0) for p in protocols}
     with servers.serve("normserve") as srv:
         wanted = {p: make_request(p, x) for p in protocols}
         for request in wanted.values():
             check(srv.port, request)
         for round_ in range(rounds):
             for protocol, request in wanted.items():
-                before = _stage_ns(srv.port)
+                before, cpu = _stage_ns(srv.port), servers.cpu_seconds(srv.pid)
                 n = requests // rounds + (round_ < requests % rounds)
                 load(srv.port, request, 1, 120.0, max_requests=n)
-                after = _stage_ns(srv.port)
+                cpu = servers.cpu_seconds(srv.pid) - cpu  # the worker's (every thread), read before the stats' GET
+                after = {**_stage_ns(srv.port), "server_ns": cpu * 1e9}
                 for key in sums[protocol]:
-                    sums[protocol][key] += after[key] - before[key]
+                    sums[protocol][key] += after[key] - before.get(key, 0.0)
     return [
         {
             "protocol": p,
             "shape": shape,
             "requests": sums[p]["count"],
+            "server_ms": sums[p]["server_ns"] / sums[p]["count"] / 1e6,
             "stage_ms": {s: sums[p][s] / sums[p]["count"] / 1e6 for s in STAGES},
         }
         for p in protocols

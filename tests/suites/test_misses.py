@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,12 +52,14 @@ RESULTS: dict[str, Any] = {
                 "protocol": "V2 binary",
                 "shape": [8, 128, 768],
                 "requests": 100.0,
+                "server_ms": 8.0,
                 "stage_ms": {"queue": 0.2, "compute_input": 1.0, "compute_infer": 2.0, "compute_output": 0.5},
             },
             {
                 "protocol": HALF,
                 "shape": [8, 128, 768],
                 "requests": 100.0,
+                "server_ms": 7.5,
                 "stage_ms": {"queue": 0.2, "compute_input": 0.5, "compute_infer": 3.0, "compute_output": 0.25},
             },
         ],
@@ -124,8 +127,8 @@ def test_no_missed_row_no_section() -> None:
     assert anchors == [] and misses.section(RESULTS, anchors) == []
 
 
-def _rendered(anchor: str) -> str:
-    return "\n".join(misses.section(RESULTS, [anchor]))
+def _rendered(anchor: str, results: dict[str, Any] = RESULTS) -> str:
+    return "\n".join(misses.section(results, [anchor]))
 
 
 def test_the_pinned_profile_shows_the_share_per_layer_and_the_top_functions() -> None:
@@ -154,7 +157,39 @@ def test_the_v2_stages_put_fp16_beside_fp32_with_their_ratio() -> None:
     text = _rendered("profile-v2-stages")
     assert "read before and after 100 sequential requests of each" in text
     rows = "| queue | 0.2 | 0.2 | 1.00 |\n| compute_input | 1 | 0.5 | 0.50 |\n| compute_infer | 2 | 3 | 1.50 |\n"
-    assert rows + "| compute_output | 0.5 | 0.25 | 0.50 |" in text
+    rows += "| compute_output | 0.5 | 0.25 | 0.50 |\n| outside the stages (HTTP, transport, middleware) | 4.3 | 3.55 | 0.83 |\n"
+    assert rows + "| the whole request (the worker's CPU) | 8 | 7.5 | 0.94 |" in text
+
+
+@pytest.mark.parametrize(
+    ("fp16_server_ms", "verdict"),
+    [
+        (
+            7.5,
+            "The FP16 request without its compute_infer costs 4.5 ms, more than that already: no FP16 compute, "
+            "however fast, meets the row.",
+        ),
+        (
+            6.5,
+            "The FP16 request without its compute_infer costs 3.5 ms, within it: a compute_infer of at most "
+            "0.5 ms would meet the row.",
+        ),
+    ],
+)
+def test_the_v2_stages_say_what_per_byte_parity_leaves_fp16s_compute(fp16_server_ms: float, verdict: str) -> None:
+    results = copy.deepcopy(RESULTS)
+    results["profiles"]["v2_stages"][1]["server_ms"] = fp16_server_ms
+    text = _rendered("profile-v2-stages", results)
+    assert "an FP16 request costs at most half an FP32 one: 4 ms of the worker's CPU. " + verdict in text
+
+
+def test_v2_stages_measured_before_the_worker_cpu_was_read_render_without_it() -> None:
+    results = copy.deepcopy(RESULTS)
+    for r in results["profiles"]["v2_stages"]:
+        del r["server_ms"]
+    text = _rendered("profile-v2-stages", results)
+    assert text.endswith("| compute_output | 0.5 | 0.25 | 0.50 |\n")
+    assert "outside the stages" not in text and "the worker's CPU" not in text
 
 
 def test_the_memory_profile_separates_the_idle_worker_the_body_and_the_peak_above_idle() -> None:
