@@ -35,6 +35,8 @@ from app.core.tensors import check_finite
 from app.errors import shown
 
 STATS = ("mean", "std")
+# An encoder request has no gamma or eps to change (check_finite's layernorm hint): only its input's scale.
+OVERFLOW_HINT = "scale the input down"
 
 
 def output_names(layer_norms: list[str]) -> list[str]:
@@ -112,7 +114,11 @@ class EncoderModel(Model):
                 outs = self.batcher.run(request.x, mask, self.output_names)
             else:
                 outs = self.run({"input": request.x, "padding_mask": mask}, self.output_names)
-        check_finite(outs[0], "output")
+        # A LayerNorm whose float32 variance overflowed normalizes nothing: pre-LN's first one, on a large input,
+        # answered a finite but wrong output beside an infinite std (sent as null). Refused instead, naming the
+        # first tensor that overflowed in execution order (the statistics, then the output).
+        for i in [*range(1, len(outs)), 0]:
+            check_finite(outs[i], self.output_names[i], hint=OVERFLOW_HINT)
         stats = [(n, outs[1 + 2 * i], outs[2 + 2 * i]) for i, n in enumerate(self.layer_norms)]
         validation = None
         if request.validate:

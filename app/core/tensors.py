@@ -79,10 +79,10 @@ def decode_json_tensor(
     _check_depth(value, field, max_depth)
     try:
         arr = np.asarray(value)
+        if arr.dtype.kind == "O":  # ragged, or a null, object or array among the elements
+            raise ValueError
     except (ValueError, OverflowError):
-        raise InvalidInput(_describe_mismatch(value), field) from None
-    if arr.dtype.kind == "O":
-        raise InvalidInput(_describe_mismatch(value), field)
+        raise InvalidInput(_describe_mismatch(value, "a boolean" if boolean else "a number"), field) from None
     check_shape(arr.shape, field, max_elements)
     if boolean:
         if arr.dtype.kind != "b":
@@ -119,7 +119,11 @@ def to_finite_float(arr: np.ndarray, field: str) -> np.ndarray:
     raise InvalidInput(f"element {index} = {value} is outside {name}'s finite range (|x| <= {top:.7g})", field)
 
 
-def check_finite(arr: np.ndarray, field: str, datatype: str = "FP32") -> float:
+# What a layernorm request can change to bring its result into range (an encoder's has only its input).
+OVERFLOW_HINT = "scale the input or gamma down, or use a larger eps"
+
+
+def check_finite(arr: np.ndarray, field: str, datatype: str = "FP32", hint: str = OVERFLOW_HINT) -> float:
     """Refuse a result that does not fit the datatype it is sent in (it overflowed): the one output check.
 
     Returns the largest magnitude in arr, which a caller rounding it to a half type needs too (one pass less)."""
@@ -127,7 +131,6 @@ def check_finite(arr: np.ndarray, field: str, datatype: str = "FP32") -> float:
     # NaN propagates through min and max and fails both comparisons; no temporary the size of the output.
     low, high = float(arr.min()), float(arr.max())
     if not (-limit <= low and high <= limit):
-        hint = "scale the input or gamma down, or use a larger eps"
         raise InvalidInput(f"the result is not finite in {datatype} (it overflows); {hint}", field)
     return max(high, -low)
 
@@ -204,8 +207,8 @@ def _kind_name(dt: np.dtype[Any]) -> str:
     return {"U": "strings", "S": "strings", "b": "booleans"}.get(dt.kind, f"elements of type {dt}")
 
 
-def _describe_mismatch(value: Any) -> str:
-    """Find the first place a nested list stops being a rectangular array of numbers (error path only)."""
+def _describe_mismatch(value: Any, expected: str = "a number") -> str:
+    """Find the first place a nested list stops being a rectangular array of `expected` (error path only)."""
     shape = []
     probe = value
     while isinstance(probe, list):
@@ -215,7 +218,7 @@ def _describe_mismatch(value: Any) -> str:
     level = [value]
     for depth in range(len(shape) + 1):
         for i, node in enumerate(level):
-            problem = _node_problem(node, depth, shape)
+            problem = _node_problem(node, depth, shape, expected)
             if problem is not None:
                 # Every level above was rectangular, so position i unravels over shape[:depth].
                 index = [int(j) for j in np.unravel_index(i, shape[:depth])] if depth else []
@@ -225,13 +228,15 @@ def _describe_mismatch(value: Any) -> str:
     return "not a rectangular array of numbers"
 
 
-def _node_problem(node: Any, depth: int, shape: list[int]) -> str | None:
+def _node_problem(node: Any, depth: int, shape: list[int], expected: str) -> str | None:
     """What is wrong with one node at a depth, as a template of {index} / {where}; None if nothing."""
     if depth == len(shape):
         if isinstance(node, list):
-            return "element {index} is an array, expected a number"
+            return f"element {{index}} is an array, expected {expected}"
+        if expected == "a boolean":
+            return None if isinstance(node, bool) else f"element {{index}} is {_json_type(node)}, expected {expected}"
         if isinstance(node, bool) or not isinstance(node, int | float):
-            return f"element {{index}} is {_json_type(node)}, expected a number"
+            return f"element {{index}} is {_json_type(node)}, expected {expected}"
         if isinstance(node, int) and not -(2**63) <= node < 2**64:
             return "element {index} is an integer outside 64 bits, expected a float32 number"
         return None

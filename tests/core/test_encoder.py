@@ -175,3 +175,23 @@ def test_a_half_precision_input_runs_in_float32_and_rounds_once(model: EncoderMo
         assert name == name32
         np.testing.assert_allclose(mean, mean32, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(std, std32, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("name", "x", "field"),
+    [
+        ("encoder", np.tile(np.float32([1e38, -1e38]), (1, 1, 64)), "layers.0.norm1.mean"),
+        ("encoder", np.tile(np.float32([1e20, -1e20]), (1, 1, 64)), "layers.0.norm1.mean"),  # attention's NaN
+        ("encoder-preln", np.tile(np.float32([1e20, -1e20]), (1, 1, 64)), "layers.0.norm1.std"),
+    ],
+    ids=["post-ln-residual", "post-ln-attention", "pre-ln-variance"],
+)
+def test_a_result_or_statistic_that_overflows_is_refused_naming_the_first(
+    runtime: Runtime, name: str, x: np.ndarray, field: str
+) -> None:
+    """A LayerNorm whose float32 variance overflows normalizes nothing, even where the output stays finite."""
+    m = runtime.get(name)
+    assert isinstance(m, EncoderModel)
+    with pytest.raises(InvalidInput) as e:
+        m.infer(EncodeInput(x, None, m.limits))
+    assert str(e.value) == f"{field}: the result is not finite in FP32 (it overflows); scale the input down"

@@ -73,6 +73,22 @@ def test_bool_tensor_for_masks() -> None:
         decode([[1, 0]], boolean=True)
 
 
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([[True, None]], "element [0, 1] is null, expected a boolean"),
+        ([[True, "no"]], "expected an array of booleans (true/false)"),
+        ([[True, [False]]], "element [0, 1] is an array, expected a boolean"),
+        ([[True], [True, False]], "row 1 has 2 elements, expected 1"),
+    ],
+    ids=["null", "string", "array", "ragged"],
+)
+def test_a_bool_tensor_names_what_is_not_a_boolean(value: Any, message: str) -> None:
+    with pytest.raises(InvalidInput) as e:
+        decode(value, boolean=True)
+    assert str(e.value) == f"data: {message}"
+
+
 @pytest.mark.parametrize("body", [b"[NaN]", b'{"data": [Infinity]}', b'{"data": [1e400]}', b"{", b"\xff"])
 def test_json_that_is_not_json_is_malformed(body: bytes) -> None:
     with pytest.raises(MalformedBody):

@@ -14,6 +14,11 @@ D = 128  # d_model of the default export
 ROW = [0.1] * D
 
 
+def _large_row(value: float, fields: str) -> bytes:
+    """An /encode body of one position of +-value, d_model wide, with more fields."""
+    return f'{{"data": [{[value, -value] * (D // 2)}], {fields}}}'.encode()
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "message"),
     [
@@ -193,6 +198,23 @@ ROW = [0.1] * D
         ),
         pytest.param(
             "/encode",
+            _large_row(1e38, '"model": "encoder"'),
+            422,
+            "layers.0.norm1.mean: the result is not finite in FP32 (it overflows); scale the input down",
+            id="post-ln-overflow",
+        ),
+        *(
+            pytest.param(  # pre-LN normalizes the input first: its float32 variance overflows, its output stays finite
+                "/encode",
+                _large_row(1e20, '"model": "encoder-preln"' + extra),
+                422,
+                "layers.0.norm1.std: the result is not finite in FP32 (it overflows); scale the input down",
+                id="pre-ln-variance-overflow" + name,
+            )
+            for extra, name in [("", ""), (', "dtype": "bfloat16"', "-bfloat16")]
+        ),
+        pytest.param(
+            "/encode",
             b'{"data": [[1]], "model": "gpt"}',
             404,
             "model: unknown model 'gpt'; available: encoder, encoder-preln, layernorm",
@@ -304,6 +326,8 @@ def test_sequence_longer_than_max_is_422(client: httpx.Client) -> None:
             [[True]], "padding_mask: shape [1, 1] does not match data's [batch, seq] = [1, 2]", id="mask-shape"
         ),
         pytest.param([[1, 0]], "padding_mask: expected an array of booleans (true/false)", id="mask-not-bool"),
+        pytest.param([[None, False]], "padding_mask: element [0, 0] is null, expected a boolean", id="mask-null"),
+        pytest.param([[True], [False, True]], "padding_mask: row 1 has 2 elements, expected 1", id="mask-ragged"),
     ],
 )
 def test_bad_padding_mask_is_422(client: httpx.Client, mask: Any, message: str) -> None:

@@ -359,6 +359,7 @@ ERRORS = [
     pytest.param("encoder", [("input", np.zeros((4, 128), np.float32))], {}, None, "StatusCode.INVALID_ARGUMENT", "inputs.input: rank 2 (shape [4, 128]); expected [batch, seq, 128]", id="encoder-rank"),
     pytest.param("encoder", [("input", np.zeros((1, 2, 128), np.float32)), ("padding_mask", np.zeros((1, 3), bool))], {}, None, "StatusCode.INVALID_ARGUMENT", "inputs.padding_mask: shape [1, 3] does not match inputs.input's [batch, seq] = [1, 2]", id="mask-shape"),
     pytest.param("encoder", [("input", np.zeros((1, 513, 128), np.float32))], {}, None, "StatusCode.INVALID_ARGUMENT", "inputs.input: sequence length 513 exceeds max_sequence_length 512 (set at export: normserve export --max-sequence-length)", id="seq-len"),
+    pytest.param("encoder-preln", [("input", np.tile(np.float32([1e20, -1e20]), (1, 1, 64)))], {}, None, "StatusCode.INVALID_ARGUMENT", "layers.0.norm1.std: the result is not finite in FP32 (it overflows); scale the input down", id="pre-ln-variance-overflow"),
 ]  # fmt: skip
 
 

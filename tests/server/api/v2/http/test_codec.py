@@ -355,6 +355,14 @@ ERRORS = [
         "output: the result is not finite in FP32 (it overflows); scale the input or gamma down, or use a larger eps",
         id="result-overflow",
     ),
+    pytest.param(  # only `output` asked for: pre-LN's first LayerNorm overflowed, so its finite output is wrong too
+        "/v2/models/encoder-preln/infer",
+        _json(_fp32([[[1e20, -1e20] * 64]]), outputs=[{"name": "output"}]),
+        {},
+        400,
+        "layers.0.norm1.std: the result is not finite in FP32 (it overflows); scale the input down",
+        id="pre-ln-variance-overflow",
+    ),
     pytest.param(
         LN,
         _json(_fp32([1.0, 1.0]), parameters={"eps": 1e-45, "eps_mode": "std"}),
