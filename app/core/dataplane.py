@@ -65,6 +65,8 @@ class NormalizeInput:
     validate: bool = False
     fields: Fields = field(default=Fields(), repr=False, compare=False)
     dtype: str = "FP32"  # the output's datatype (OUTPUT_DATATYPES): a half type rounds it once, at the end
+    # The numbers as sent, when a codec has rounded x to a half type already (JSON data with `dtype`).
+    sent: np.ndarray | None = field(default=None, repr=False, compare=False)
     # Set here: what the answer should tell the client about its input (rows that float32 rounded together).
     warnings: tuple[str, ...] = field(default=(), init=False, compare=False)
 
@@ -78,9 +80,13 @@ class NormalizeInput:
         rank = self.x.ndim
         if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= rank:
             raise InvalidInput(f"expected an integer in 1..{rank} (the input's rank), got {shown(self.k)}", f.k)
-        # Only a cast to float32 from a wider type can round distinct values together (half types widen exactly).
-        if source.dtype != np.float32 and source.dtype not in HALF_DTYPES.values():
-            set_(self, "warnings", rounded_together(source, self.x, self.k, f.x))
+        # Only a rounding from a wider type can round distinct values together (half types widen exactly): the
+        # cast to float32, or a codec's to the half type x came in (then x's own type is the one named).
+        sent = source if self.sent is None else np.asarray(self.sent)
+        set_(self, "sent", None)  # not held through the request: float64 numbers are 8 bytes each (peak RSS)
+        if sent.dtype != np.float32 and sent.dtype not in HALF_DTYPES.values():
+            name = source.dtype.name if source.dtype in HALF_DTYPES.values() else "float32"
+            set_(self, "warnings", rounded_together(sent, self.x, self.k, f.x, name))
         for name in ("gamma", "beta"):
             value = getattr(self, name)
             if value is not None:
@@ -106,8 +112,8 @@ class NormalizeInput:
         return self.x.shape[: self.x.ndim - self.k]
 
 
-def rounded_together(source: np.ndarray, x: np.ndarray, k: int, name: str) -> tuple[str, ...]:
-    """A warning per row (up to MAX_WARNED_ROWS) whose distinct values, as sent, all round to one float32 value.
+def rounded_together(source: np.ndarray, x: np.ndarray, k: int, name: str, to: str = "float32") -> tuple[str, ...]:
+    """A warning per row (up to MAX_WARNED_ROWS) whose distinct values, as sent, all round to one value of `to`.
 
     Such a row is constant to the model: its var is 0 and its output is beta, which reads as a correct
     answer unless it is said. Only the rows constant in float32 are compared with the values as sent.
@@ -131,12 +137,12 @@ def rounded_together(source: np.ndarray, x: np.ndarray, k: int, name: str) -> tu
         return f" row {[int(i) for i in np.unravel_index(r, batch)]}:" if batch else ""
 
     warnings = [
-        f"{name}:{row(r)} its values differ but all round to the same float32, {float(rows[r, 0])}, "
+        f"{name}:{row(r)} its values differ but all round to the same {to}, {float(rows[r, 0])}, "
         "so its var is 0 and its normalized values are 0"
         for r in hit[:MAX_WARNED_ROWS]
     ]
     if hit.size > MAX_WARNED_ROWS:
-        warnings.append(f"{name}: {hit.size - MAX_WARNED_ROWS} more rows whose values all round to one float32 each")
+        warnings.append(f"{name}: {hit.size - MAX_WARNED_ROWS} more rows whose values all round to one {to} each")
     return tuple(warnings)
 
 

@@ -116,6 +116,7 @@ class LayerNormModel(Model):
         validate: bool = False,
         fields: Fields = Fields(),  # noqa: B008 - frozen dataclass
         dtype: str = "FP32",
+        sent: np.ndarray | None = None,
     ) -> NormalizeInput:
         """The data plane's input with this model's defaults: its normalized_shape, gamma, beta and eps."""
         learned = self.normalized_shape
@@ -131,7 +132,7 @@ class LayerNormModel(Model):
             beta = self.beta if beta is None else beta
         k = (len(learned) or 1) if k is None else k
         eps = self.eps if eps is None else eps
-        return NormalizeInput(x, k, eps, eps_mode, gamma, beta, backend, validate, fields, dtype)
+        return NormalizeInput(x, k, eps, eps_mode, gamma, beta, backend, validate, fields, dtype, sent)
 
     def from_tensors(
         self, tensors: Mapping[str, np.ndarray], params: Mapping[str, Any], f: Fields, dtype: str = "FP32"

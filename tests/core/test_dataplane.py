@@ -311,3 +311,17 @@ def test_a_row_whose_distinct_values_round_to_one_float32_is_warned_of(
     rows: list[list[float]], k: int, warnings: tuple[str, ...]
 ) -> None:
     assert NormalizeInput(np.array(rows), k).warnings == warnings
+
+
+@pytest.mark.parametrize("datatype", list(HALF_DTYPES))
+def test_rows_rounded_together_by_a_codecs_half_type_are_warned_of_naming_it(datatype: str) -> None:
+    sent = np.array([[1.0, 1.0 + 2.0**-12, 1.0], [1.0, 2.0, 3.0]])  # below either type's spacing at 1
+    x = narrow(sent, datatype, "data")
+    warning = (
+        f"data: row [0]: its values differ but all round to the same {x.dtype.name}, 1.0, so its var is 0 and"
+        " its normalized values are 0"
+    )
+    req = NormalizeInput(x, sent=sent)
+    assert req.warnings == (warning,)
+    assert req.sent is None  # float64 numbers, 8 bytes each, not held through the request
+    assert NormalizeInput(x).warnings == ()  # the half values alone: nothing to compare them with

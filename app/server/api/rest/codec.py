@@ -86,16 +86,15 @@ def decode_normalize(
         raise InvalidInput(f"{params.model!r} is of kind {model.kind}; /normalize takes a layernorm model", "model")
     may_hold_bools = _may_hold_bools(scan, tensors)
     dtype = JSON_DTYPES.get(params.dtype, "FP32")
-    x, gamma, beta = (
-        _tensor(tensors[name], name, settings, may_hold_bools, dtype) if name in tensors else None
-        for name in NORMALIZE_TENSORS
-    )
+    numbers = {n: _numbers(tensors[n], n, settings, may_hold_bools) for n in NORMALIZE_TENSORS if n in tensors}
+    x, gamma, beta = (_rounded(numbers[n], n, dtype) if n in numbers else None for n in NORMALIZE_TENSORS)
+    sent = numbers["data"]
     assert x is not None
-    k = _trailing_dims(params.normalized_shape, x.shape)
+    k = _trailing_dims(params.normalized_shape, sent.shape)
     scan.check_unique_keys()  # last, when the body is known to hold only numbers besides the fields
-    validate = params.validate_
-    req = model.request(x, k, params.eps, params.eps_mode, gamma, beta, params.backend, validate, FIELDS, dtype)
-    return model, req
+    args = (params.eps, params.eps_mode, gamma, beta, params.backend, params.validate_, FIELDS, dtype)
+    # The numbers as sent go along: the rows that rounding to a half type made constant are warned of.
+    return model, model.request(x, k, *args, sent=sent)
 
 
 def encode_normalize(out: NormalizeOutput) -> bytes:
@@ -127,7 +126,7 @@ def decode_encode(
     if not isinstance(model, EncoderModel):
         raise InvalidInput(f"{params.model!r} is of kind {model.kind}; /encode takes an encoder model", "model")
     dtype = JSON_DTYPES.get(params.dtype, "FP32")
-    x = _tensor(tensors["data"], "data", settings, _may_hold_bools(scan, tensors), dtype)
+    x = _rounded(_numbers(tensors["data"], "data", settings, _may_hold_bools(scan, tensors)), "data", dtype)
     mask = None
     if tensors.get("padding_mask") is not None:
         mask = decode_json_tensor(
@@ -273,11 +272,15 @@ def _defaults(model: type[BaseModel]) -> Any:
     return model.model_validate({})
 
 
-def _tensor(value: Any, name: str, settings: Settings, may_hold_bools: bool, dtype: str) -> np.ndarray:
-    """A tensor's numbers, rounded to the request's half type where it names one."""
-    arr = decode_json_tensor(
+def _numbers(value: Any, name: str, settings: Settings, may_hold_bools: bool) -> np.ndarray:
+    """A tensor's numbers, as sent."""
+    return decode_json_tensor(
         value, name, max_elements=settings.max_elements, max_depth=settings.max_depth, may_hold_bools=may_hold_bools
     )
+
+
+def _rounded(arr: np.ndarray, name: str, dtype: str) -> np.ndarray:
+    """A tensor's numbers rounded to the request's half type where it names one."""
     return narrow(arr, dtype, name) if dtype in HALF_DTYPES else arr
 
 

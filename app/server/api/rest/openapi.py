@@ -53,7 +53,8 @@ _NORMALIZE_ANSWER: dict[str, Any] = {
             "type": "array",
             "items": {"type": "string"},
             "description": "present only when there is one: rows of data whose distinct values all round to the "
-            "same float32, so that their var is 0 and their normalized values are 0",
+            "same float32 (or, with dtype, the same float16 or bfloat16), so that their var is 0 and their normalized "
+            "values are 0",
         },
     },
 }

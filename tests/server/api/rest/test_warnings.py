@@ -10,10 +10,10 @@ import pytest
 from app.core.seeds import SEED003
 
 
-def said(row: str, value: str) -> str:
+def said(row: str, value: str, to: str = "float32") -> str:
     where = f" row {row}:" if row else ""
     return (
-        f"data:{where} its values differ but all round to the same float32, {value}, "
+        f"data:{where} its values differ but all round to the same {to}, {value}, "
         "so its var is 0 and its normalized values are 0"
     )
 
@@ -61,14 +61,40 @@ def test_every_rounded_row_is_named_by_its_index(
 
 
 @pytest.mark.parametrize(
+    ("dtype", "row", "value"),
+    [
+        ("bfloat16", [1000.1, 1000.2, 1000.3], "1000.0"),  # bfloat16 has 4 between neighbours here
+        ("float16", [2048.1, 2048.9, 2049.0], "2048.0"),  # float16 has 2; 2049 is a tie, to the even 2048
+    ],
+)
+def test_a_row_rounded_together_by_its_dtype_is_named_with_that_type(
+    client: httpx.Client, dtype: str, row: list[float], value: str
+) -> None:
+    r = client.post("/normalize", json={"data": [[0.5, 1.5, 2.5], row], "dtype": dtype})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["warnings"] == [said("[1]", value, dtype)]
+    assert body["output"][1] == [0.0, 0.0, 0.0] and body["stats"]["var"][1] == 0.0
+
+
+@pytest.mark.parametrize(
     "request_body",
     [
+        {"data": [[1000.0, 1000.0, 1000.0]], "dtype": "bfloat16"},  # constant as sent
+        {"data": [[1000, 1008, 1016]], "dtype": "bfloat16"},  # three bfloat16 values
         SEED003.request(),
         {"data": [[5, 5, 5]]},  # constant as sent: nothing was rounded together
         {"data": [[1e8, 1e8 + 8, 1e8 + 16]]},  # three float32 values
         {"data": [[0.3]]},  # one value per row
     ],
-    ids=["seed003", "constant-as-sent", "distinct-float32", "one-column"],
+    ids=[
+        "bfloat16-constant-as-sent",
+        "distinct-bfloat16",
+        "seed003",
+        "constant-as-sent",
+        "distinct-float32",
+        "one-column",
+    ],
 )
 def test_without_rounded_rows_the_answer_has_no_warnings_key(
     client: httpx.Client, request_body: dict[str, Any]
