@@ -29,6 +29,13 @@ TANH_NOTE = (
     'nn.GELU(approximate="tanh") is served in its tanh form, as the module trains; PyTorch\'s inference fast path '
     "(eval mode, no grad) computes the exact GELU for it instead, so parity is measured with that path off"
 )
+# torch 2.13's fast path reads each layer's LayerNorm weight and bias as tensors: where one is None (bias=False,
+# elementwise_affine=False) in a layer whose other biases are on, it raises AttributeError ('NoneType' object has
+# no attribute 'device') instead of answering. Its ordinary path computes the same layer.
+NORM_NOTE = (
+    "PyTorch's inference fast path (eval mode, no grad) fails on a layer's LayerNorm without weight or bias, "
+    "so parity is measured with that path off"
+)
 ENCODER_CLASSES = "torch.nn.TransformerEncoder, torch.nn.TransformerEncoderLayer or normserve's Encoder"
 
 
@@ -96,9 +103,11 @@ def user_encoder(module: nn.Module, path: Path, max_sequence_length: int, pe: st
     twin = _twin(cfg, module, path, len(layers) if type(module) is nn.TransformerEncoder else 0)
     batch_first = bool(layers[0].self_attn.batch_first)
     source = {"class": class_name(module), "batch_first": batch_first}
-    if cfg.activation == "gelu_tanh":
-        source["note"] = TANH_NOTE
-    return UserEncoder(twin, lambda x, mask: _torch_forward(module, cfg, batch_first, x, mask), source)
+    plain = any(n.weight is None or n.bias is None for layer in layers for n in (layer.norm1, layer.norm2))
+    if notes := [note for note, holds in ((TANH_NOTE, cfg.activation == "gelu_tanh"), (NORM_NOTE, plain)) if holds]:
+        source["note"] = "; ".join(notes)
+    fast = not notes
+    return UserEncoder(twin, lambda x, mask: _torch_forward(module, cfg, batch_first, fast, x, mask), source)
 
 
 def _layer_settings(layer: nn.Module, at: str) -> dict[str, Any]:
@@ -167,15 +176,18 @@ def _twin(cfg: EncoderConfig, module: nn.Module, path: Path, prefixed: int) -> E
     return twin
 
 
-def _torch_forward(module: nn.Module, cfg: EncoderConfig, batch_first: bool, x: np.ndarray, mask: Any) -> np.ndarray:
-    """The user's module in eval mode on the served input (plus the positional encoding the export adds, if any)."""
+def _torch_forward(
+    module: nn.Module, cfg: EncoderConfig, batch_first: bool, may_fast: bool, x: np.ndarray, mask: Any
+) -> np.ndarray:
+    """The user's module in eval mode on the served input (plus the positional encoding the export adds, if any),
+    on torch's fast path where it may take it (not where TANH_NOTE or NORM_NOTE says why)."""
     if cfg.positional_encoding == "sinusoidal":
         x = x + positional_encoding(x.shape[1], x.shape[2]).astype(np.float32)
     src = torch.from_numpy(np.ascontiguousarray(x))
     src = src if batch_first else src.transpose(0, 1)  # T,B,C for batch_first=False
     padding = None if mask is None else torch.from_numpy(mask)
     fast = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(fast and cfg.activation != "gelu_tanh")  # see TANH_NOTE
+    torch.backends.mha.set_fastpath_enabled(fast and may_fast)
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", "The PyTorch API of nested tensors", UserWarning)  # its fast path's

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from app.core.reference import EncoderConfig
 from app.export.modules import CheckpointError
-from app.export.sources import load_module, user_encoder, user_layernorm
+from app.export.sources import NORM_NOTE, TANH_NOTE, load_module, user_encoder, user_layernorm
 
 
 def swish(x: Tensor) -> Tensor:  # a custom activation: module level, so that torch.save can pickle it
@@ -83,6 +83,41 @@ def test_the_forward_is_the_module_in_eval_mode_on_the_served_layout(batch_first
     np.testing.assert_allclose(got[~mask], user.forward(x, mask)[~mask], atol=1e-5)
     assert user.source == {"class": "torch.nn.TransformerEncoder", "batch_first": batch_first}
     assert user.twin.cfg.positional_encoding == (pe or "none")
+
+
+def plain_norms(module: nn.TransformerEncoder, **kw: Any) -> nn.TransformerEncoder:
+    """The layers' LayerNorms replaced by ones without bias or weight, the linear layers' biases kept."""
+    for each in module.layers:
+        each.norm1, each.norm2 = nn.LayerNorm(16, **kw), nn.LayerNorm(16, **kw)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("build", "note"),
+    [
+        (lambda: stack(activation="gelu"), None),
+        (lambda: stack(activation=nn.GELU(approximate="tanh")), TANH_NOTE),
+        (lambda: plain_norms(stack(), bias=False), NORM_NOTE),
+        (lambda: plain_norms(stack(norm_first=True), elementwise_affine=False), NORM_NOTE),
+        (lambda: plain_norms(stack(activation=nn.GELU(approximate="tanh")), bias=False), f"{TANH_NOTE}; {NORM_NOTE}"),
+    ],
+    ids=["fast-path", "gelu-tanh", "norm-bias-false", "norm-not-affine", "both"],
+)
+def test_a_module_torchs_fast_path_answers_differently_or_fails_on_is_run_off_it(
+    build: Callable[[], nn.Module], note: str | None
+) -> None:
+    """torch 2.13's fast path raises AttributeError on a layer's LayerNorm without bias or weight: the module's
+    forward is measured on the ordinary path, which computes the same layer, and the export says so."""
+    module = perturbed(build())
+    user = user_encoder(module, Path("m.pt"), 32, None)
+    x = np.random.default_rng(1).standard_normal((2, 5, 16)).astype(np.float32)
+    mask = np.zeros((2, 5), dtype=bool)
+    mask[0, 4:] = True
+    with torch.no_grad():
+        got = user.twin(torch.from_numpy(x), torch.from_numpy(mask))[0].numpy()
+    np.testing.assert_allclose(got[~mask], user.forward(x, mask)[~mask], atol=1e-5)
+    assert user.source.get("note") == note
+    assert torch.backends.mha.get_fastpath_enabled()  # restored after the forward
 
 
 def test_a_whole_module_round_trips_through_torch_save(tmp_path: Path) -> None:
