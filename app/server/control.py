@@ -181,14 +181,26 @@ class ModelControl:
         for name in sorted(set(self.runtime.serving) - on_disk):
             log.info("model %s: folder removed; unloading", name, extra={"model": name})
             self.unload(name)
+        for name in set(self._stamps) - on_disk:  # a folder put back as it was is loaded again
+            del self._stamps[name]
         for name in sorted(on_disk):
             now = stamp(self.repository.root / name)
             if self._stamps.get(name) == now:
                 continue  # unchanged since it was loaded, or since its load failed
             try:
+                self._retire_removed(name)
                 self.load(name, reload=self._changed_serving(name, now))
             except (ModelLoadFailed, ModelNotFound) as e:
                 log.error("poll: %s", e, extra={"model": name})
+
+    def _retire_removed(self, name: str) -> None:
+        """Serving versions whose folders are gone, unloaded whatever the load then does: they serve from files
+        no longer there, and a version that disappeared is unloaded, as a model whose folder did."""
+        with self.runtime.lock:
+            present = set(self.repository.versions(name))
+            for version in sorted(set(self.runtime.serving.get(name, {})) - present):
+                log.info("model %s: version %s folder removed; unloading", name, version, extra={"model": name})
+                self.runtime.retire(name, version, "its folder was removed")
 
     def _changed_serving(self, name: str, now: Stamp) -> list[int]:
         """Serving versions whose files changed in place: reloaded, as Triton's poll mode does."""

@@ -213,3 +213,30 @@ def test_poll_reloads_a_serving_version_changed_in_place(root: Path) -> None:
     control.poll()
     after = control.runtime.get("layernorm")
     assert after is not before and after.version == "1"
+
+
+def test_poll_loads_a_model_folder_put_back_as_it_was(root: Path, tmp_path: Path) -> None:
+    control = _control(root, model_control="poll")
+    control.load("layernorm")
+    shutil.move(root / "layernorm", tmp_path / "away")  # a rename keeps every file's size and mtime
+    control.poll()
+    assert "layernorm" not in control.runtime.serving
+    shutil.move(tmp_path / "away", root / "layernorm")
+    control.poll()
+    assert _serving(control, "layernorm") == [1] and _states(control, "layernorm") == [("1", "READY", "")]
+
+
+@pytest.mark.parametrize(("kept", "serving"), [((), []), ((1,), [1])], ids=["every-version", "the-newest"])
+def test_poll_unloads_a_version_whose_folder_is_removed(
+    root: Path, tmp_path: Path, kept: tuple[int, ...], serving: list[int]
+) -> None:
+    """Also when no version is left for the policy to select: the model then serves nothing, as if removed."""
+    (root / "layernorm/model.json").write_text(json.dumps({"version_policy": {"all": {}}}))
+    add_version(root, "layernorm", 2)
+    control = _control(root, model_control="poll")
+    control.load("layernorm")
+    for version in {1, 2} - set(kept):
+        shutil.move(root / f"layernorm/{version}", tmp_path / f"v{version}")
+    control.poll()
+    assert _serving(control, "layernorm") == serving
+    assert [r.version for r in control.runtime.index() if r.name == "layernorm"] == list(kept)
