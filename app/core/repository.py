@@ -8,8 +8,10 @@
 
 Names and versions are checked here, once, before any path is built from them: a name matches
 NAME and a version is a positive integer in canonical form, so neither can leave the root
-(`..`, `/`, `%2e`, a drive or an absolute path never match). This module reads; the exporter
-(app/export/) writes versions atomically and `migrate` moves the old single-manifest layout.
+(`..`, `/`, `%2e`, a drive or an absolute path never match). Nor can a link inside the root: a
+folder or file that resolves outside it is not the repository's (Triton follows links anywhere).
+This module reads; the exporter (app/export/) writes versions atomically and `migrate` moves the
+old single-manifest layout.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,7 +126,17 @@ class Repository:
 
     def names(self) -> list[str]:
         """Every model folder with a valid name (others are ignored, as Triton ignores them), sorted."""
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and NAME.fullmatch(p.name))
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and NAME.fullmatch(p.name) and self._in(p))
+
+    def _in(self, path: Path) -> bool:
+        return path.resolve().is_relative_to(self.root.resolve())
+
+    def inside(self, path: Path, error: Callable[[str], Exception] = lambda m: ModelNotFound(m, "model")) -> Path:
+        """path, where it resolves (links followed) inside the root; else the error (a model or version that is
+        not the repository's, by default): a link never has a name in a request read, or hash, anything outside."""
+        if not self._in(path):
+            raise error(f"{self.relative(str(path))} links outside the repository, which alone is read")
+        return path
 
     def folder(self, name: str) -> Path:
         """The folder of a model, 404 when the repository has none of that (checked) name."""
@@ -131,13 +144,13 @@ class Repository:
         if not path.is_dir():
             available = ", ".join(self.names() if self.root.is_dir() else []) or "none"  # a typo shows the right name
             raise ModelNotFound(f"no model {name!r} in the repository; available: {available}", "model")
-        return path
+        return self.inside(path)
 
     def versions(self, name: str) -> list[int]:
         """The numbered version folders of a model, ascending (a folder named 01 or v2 is not a version)."""
         found = []
         for p in self.folder(name).iterdir():
-            if p.is_dir() and re.fullmatch(r"[1-9][0-9]{0,9}", p.name) and int(p.name) <= MAX_VERSION:
+            if p.is_dir() and re.fullmatch(r"[1-9][0-9]{0,9}", p.name) and int(p.name) <= MAX_VERSION and self._in(p):
                 found.append(int(p.name))
         return sorted(found)
 
@@ -146,17 +159,17 @@ class Repository:
         if not path.is_file():
             return Policy(DEFAULT_POLICY)
         try:
-            doc = json.loads(path.read_bytes())
+            doc = json.loads(self.inside(path).read_bytes())
         except ValueError as e:
             raise PolicyError(f"{path}: not JSON ({e})") from None
         return parse_policy(doc, str(path))
 
     def version_dir(self, name: str, version: int) -> Path:
-        return self.folder(name) / str(check_version(version))
+        return self.inside(self.folder(name) / str(check_version(version)))
 
     def manifest(self, name: str, version: int) -> dict[str, Any]:
         """A version's manifest.json; OSError or ValueError when it is missing or not what this server reads."""
-        path = self.version_dir(name, version) / MANIFEST
+        path = self.inside(self.version_dir(name, version) / MANIFEST)
         doc = json.loads(path.read_bytes())
         if not isinstance(doc, dict) or doc.get("format_version") != FORMAT_VERSION:
             got = doc.get("format_version") if isinstance(doc, dict) else None

@@ -170,7 +170,7 @@ class Runtime:
         if not isinstance(files, dict) or MODEL_FILE not in files:
             raise ModelLoadError(f"{folder}: the manifest lists no {MODEL_FILE}")
         for file, sha256 in sorted(files.items()):
-            verify(folder / check_name(file, "files"), str(sha256))
+            verify(self.repository.inside(folder / check_name(file, "files"), ModelLoadError), str(sha256))
         path = folder / MODEL_FILE
         session = self._session(path)
         policy = policy or self.repository.policy(name)

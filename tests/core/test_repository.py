@@ -237,3 +237,50 @@ def test_relative_takes_the_root_off_the_paths_of_a_reason(tmp_path: Path, text:
     repo = Repository(root)
     fill = {"root": str(root), "absolute": str(root.resolve())}
     assert repo.relative(text.format(**fill)) == expected.format(**fill)
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """A folder beside the repository, holding a model, a version and a file that links in the repository may name."""
+    place = copy_models(tmp_path / "outside", ("layernorm",))
+    (place / "secret.txt").write_text("not the repository's")
+    return place
+
+
+def test_a_model_folder_linking_outside_the_repository_is_not_one_of_its_models(
+    repo: Repository, outside: Path
+) -> None:
+    (repo.root / "evil").symlink_to(outside / "layernorm")
+    assert "evil" not in repo.names()
+    with pytest.raises(ModelNotFound) as e:
+        repo.versions("evil")
+    assert str(e.value) == "model: evil links outside the repository, which alone is read"
+
+
+def test_a_version_folder_linking_outside_is_not_a_version(repo: Repository, outside: Path) -> None:
+    (repo.root / "layernorm/5").symlink_to(outside / "layernorm/1")
+    assert repo.versions("layernorm") == [1]
+    with pytest.raises(ModelNotFound) as e:
+        repo.manifest("layernorm", 5)
+    assert str(e.value) == "model: layernorm/5 links outside the repository, which alone is read"
+
+
+@pytest.mark.parametrize("file", ["manifest.json", "model.json"])
+def test_a_file_linking_outside_is_not_read(repo: Repository, outside: Path, file: str) -> None:
+    link = repo.root / "layernorm" / ("1" if file == "manifest.json" else "") / file
+    link.unlink(missing_ok=True)
+    link.symlink_to(outside / "secret.txt")
+    with pytest.raises(ModelNotFound) as e:
+        repo.manifest("layernorm", 1) if file == "manifest.json" else repo.policy("layernorm")
+    assert str(e.value) == f"model: {link.relative_to(repo.root)} links outside the repository, which alone is read"
+
+
+def test_links_that_stay_inside_the_repository_are_followed(tmp_path: Path) -> None:
+    """As a Kubernetes volume lays a repository out: the root and its folders links into the same tree."""
+    real = copy_models(tmp_path / "volume/..2026_11_27", ("layernorm",))
+    (tmp_path / "volume/..data").symlink_to(real.name)
+    (tmp_path / "volume/layernorm").symlink_to("..data/layernorm")
+    (tmp_path / "models").symlink_to(tmp_path / "volume")
+    repo = Repository(tmp_path / "models")
+    assert repo.names() == ["layernorm"] and repo.versions("layernorm") == [1]
+    assert repo.manifest("layernorm", 1)["kind"] == "layernorm"

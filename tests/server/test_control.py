@@ -240,3 +240,18 @@ def test_poll_unloads_a_version_whose_folder_is_removed(
     control.poll()
     assert _serving(control, "layernorm") == serving
     assert [r.version for r in control.runtime.index() if r.name == "layernorm"] == list(kept)
+
+
+def test_a_file_linking_outside_the_repository_fails_its_load_unread(root: Path, tmp_path: Path) -> None:
+    """Its sha256 is never taken: a reason that carried it would tell a client the digest of any file outside."""
+    control = _control(root)
+    control.load("encoder")
+    (tmp_path / "secret.txt").write_text("not the repository's")
+    link = add_version(root, "encoder", 2) / "model.onnx"
+    link.unlink()
+    link.symlink_to(tmp_path / "secret.txt")
+    with pytest.raises(ModelLoadFailed) as e:
+        control.load("encoder")
+    reason = "encoder/2/model.onnx links outside the repository, which alone is read"
+    assert str(e.value) == f"failed to load model 'encoder': {reason}"
+    assert _serving(control, "encoder") == [1] and _states(control, "encoder")[1] == ("2", "UNAVAILABLE", reason)
