@@ -201,6 +201,7 @@ class Model(ABC):
         self.parity: dict[str, Any] = dict(entry.get("parity", {}))
         self.load_seconds = 0.0
         self.warming = False  # while the runtime runs its parity warm-up: no client's runs (Triton's statistics)
+        self.policy = loaded.policy  # model.json as this version was built with it: its batching is built in
         self.version_policy = loaded.policy.version_policy if loaded.policy is not None else None
         self._observe = loaded.observe
 

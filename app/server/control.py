@@ -114,8 +114,20 @@ class ModelControl:
         return policy, selected
 
     def _build(self, name: str, policy: Policy, selected: list[int], reload: Collection[int]) -> list[Model]:
+        """The selected versions not serving, those in `reload`, and those built with another dynamic batching
+        in model.json (their batcher is built with it): as Triton reloads a model whose configuration changed."""
         serving = self.runtime.serving.get(name, {})
-        return self.runtime.build_versions(name, [v for v in selected if v not in serving or v in reload], policy)
+        stale = {
+            v for v, m in serving.items() if m.policy is None or m.policy.dynamic_batching != policy.dynamic_batching
+        }
+        wanted = [v for v in selected if v not in serving or v in reload or v in stale]
+        return self.runtime.build_versions(name, wanted, policy)
+
+    def _adopt(self, name: str, policy: Policy) -> None:
+        """After a load: its model.json is every serving version's, whose version_policy (which nothing is built
+        from) the config reports."""
+        for model in self.runtime.serving.get(name, {}).values():
+            model.policy, model.version_policy = policy, policy.version_policy
 
     def load(self, name: str, reload: Collection[int] = ()) -> list[Model]:
         """Load a model's selected versions, then retire the others. ModelLoadFailed (400) if any fails.
@@ -132,21 +144,25 @@ class ModelControl:
                 raise ModelLoadFailed(f"failed to load model {name!r}: {self.repository.relative(str(e))}") from None
             for version in sorted(set(self.runtime.serving.get(name, {})) - set(selected)):
                 self.runtime.retire(name, version, "not selected by the version_policy any more")
+            self._adopt(name, policy)
             return models
 
-    def build_exactly(self, name: str, versions: list[int]) -> list[Model]:
-        """These versions of a model, those not serving yet, built: what another worker of the server loaded."""
-        return self._build(name, self.repository.policy(name), sorted(versions, reverse=True), ())
+    def build_exactly(self, name: str, versions: list[int], policy: Policy | None = None) -> list[Model]:
+        """These versions of a model, those not serving yet (or built with another policy), built: what another
+        worker of the server loaded, with the model.json it loaded (by default, the one on disk)."""
+        return self._build(name, policy or self.repository.policy(name), sorted(versions, reverse=True), ())
 
-    def serve_exactly(self, name: str, versions: list[int]) -> None:
+    def serve_exactly(self, name: str, versions: list[int], policy: Policy | None = None) -> None:
         """Serve these versions of a model and no other: what another worker of the server loaded (modelsync.py)."""
         with self.runtime.lock:
             try:
-                self.runtime.serve(self.build_exactly(name, versions))
+                policy = policy or self.repository.policy(name)
+                self.runtime.serve(self.build_exactly(name, versions, policy))
             except LOAD_ERRORS as e:
                 raise ModelLoadFailed(f"failed to load model {name!r}: {e}") from None
             for version in sorted(set(self.runtime.serving.get(name, {})) - set(versions)):
                 self.runtime.retire(name, version, "not selected by the version_policy any more")
+            self._adopt(name, policy)
 
     def start(
         self, names: list[str], exactly: Mapping[str, list[int]] | None = None

@@ -24,9 +24,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
+from app.core.repository import Policy
 from app.core.runtime import State, VersionState
 from app.errors import ModelLoadFailed, ModelNotFound
 from app.server import group
@@ -128,8 +130,11 @@ class ModelSync:
             for name in sorted(set(runtime.serving) - set(wanted)):
                 self.control.unload(name)
             for name, versions in sorted(wanted.items()):
-                if set(runtime.serving.get(name, {})) != set(versions):
-                    self.control.serve_exactly(name, versions)
+                serving = runtime.serving.get(name, {})
+                policy = Policy(**doc["policies"][name]) if name in doc.get("policies", {}) else None
+                stale = policy is not None and any(m.policy != policy for m in serving.values())
+                if set(serving) != set(versions) or stale:
+                    self.control.serve_exactly(name, versions, policy)
             states = {}
             for key, (state, reason) in doc["states"].items():
                 name, version = key.rsplit("/", 1)
@@ -143,6 +148,8 @@ class ModelSync:
             doc = {
                 "generation": generation,
                 "serving": {n: sorted(v) for n, v in runtime.serving.items()},
+                # The model.json each model was loaded with: a peer builds with it, not with what is on disk later.
+                "policies": {n: asdict(m.policy) for n, v in runtime.serving.items() for m in v.values() if m.policy},
                 "states": {f"{n}/{v}": [s.state.value, s.reason] for (n, v), s in runtime.states.items()},
             }
             self.applied = generation

@@ -59,6 +59,7 @@ def test_load_serves_the_policys_versions_then_retires_the_others(root: Path) ->
     assert _serving(control, "layernorm") == [1, 2] and control.runtime.get("layernorm").version == "2"
     (root / "layernorm/model.json").write_text(json.dumps({"version_policy": {"specific": {"versions": [2]}}}))
     assert control.load("layernorm") == []  # nothing new to build: version 1 is only retired
+    assert control.runtime.get("layernorm").version_policy == {"specific": {"versions": [2]}}  # the config's
     assert _states(control, "layernorm") == [
         ("1", "UNAVAILABLE", "not selected by the version_policy any more"),
         ("2", "READY", ""),
@@ -255,3 +256,22 @@ def test_a_file_linking_outside_the_repository_fails_its_load_unread(root: Path,
     reason = "encoder/2/model.onnx links outside the repository, which alone is read"
     assert str(e.value) == f"failed to load model 'encoder': {reason}"
     assert _serving(control, "encoder") == [1] and _states(control, "encoder")[1] == ("2", "UNAVAILABLE", reason)
+
+
+@pytest.mark.parametrize("mode", ["explicit", "poll"])
+def test_a_changed_model_json_reloads_the_serving_version_with_it(root: Path, mode: str) -> None:
+    """Its dynamic batching is built into a version, and the config reports its version_policy: both follow
+    the file, as Triton reloads a model whose configuration changed (the load answered `loaded: []` before)."""
+    control = _control(root, model_control=mode)
+    control.load("encoder")
+    before = control.runtime.get("encoder")
+    assert isinstance(before, EncoderModel) and before.batching["max_batch_size"] == 8
+    policy = {"version_policy": {"latest": {"num_versions": 2}}, "dynamic_batching": {"max_batch_size": 1}}
+    (root / "encoder/model.json").write_text(json.dumps(policy))
+    if mode == "explicit":
+        assert [m.version for m in control.load("encoder")] == ["1"]
+    else:
+        control.poll()
+    after = control.runtime.get("encoder")
+    assert isinstance(after, EncoderModel) and after is not before and after.batcher is None
+    assert after.batching["max_batch_size"] == 1 and after.version_policy == policy["version_policy"]

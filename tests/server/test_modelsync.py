@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from app.core.model import sha256_of
+from app.core.repository import Policy
 from app.core.runtime import Runtime
 from app.errors import ModelLoadFailed
 from app.server import group, modelsync
@@ -174,6 +175,24 @@ def _sync(root: Path, folder: Path) -> ModelSync:
     sync = ModelSync(control, folder)
     sync.started()
     return sync
+
+
+def test_the_model_json_a_load_used_is_what_every_worker_serves_with(repository: Path, tmp_path: Path) -> None:
+    """A changed model.json reloads the serving version everywhere; one changed on disk but not loaded does not
+    reach a worker that applies another model's load."""
+    first, second = _sync(repository, tmp_path), _sync(repository, tmp_path)
+    loaded = {"version_policy": {"all": {}}, "dynamic_batching": {"max_batch_size": 1}}
+    (repository / "ln/model.json").write_text(json.dumps(loaded))
+    before = second.control.runtime.serving["ln"][1]
+    first.run(lambda: first.control.load("ln"), "ln")
+    second.catch_up()
+    for sync in (first, second):
+        assert sync.control.runtime.serving["ln"][1].policy == Policy(**loaded)
+    assert second.control.runtime.serving["ln"][1] is not before
+    (repository / "ln/model.json").write_text(json.dumps({"version_policy": {"latest": {"num_versions": 1}}}))
+    first.run(lambda: first.control.load("layernorm"), "layernorm")
+    second.catch_up()
+    assert second.control.runtime.serving["ln"][1].policy == Policy(**loaded)
 
 
 @pytest.fixture
