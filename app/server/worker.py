@@ -150,6 +150,17 @@ class Worker:
             return model.metadata
         return {**model.metadata, "versions": [str(v) for v in sorted(self.runtime.serving.get(model.name, {}))]}
 
+    def model_statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+        """Triton's statistics of every model, of one model (every version serving, as Triton's: not only the
+        newest), or of one version."""
+        if not name:
+            models = self.runtime.models
+        elif version is not None:
+            models = [self.model(name, version)]
+        else:
+            models = [m for m in self.runtime.models if m.name == self.model(name).name]
+        return self.statistics.report([(m.name, m.version) for m in models])
+
     def _observe_run(self, model: str, version: str, seconds: float, rows: int, warm_up: bool) -> None:
         metrics.observe_inference(model, version, seconds, rows)
         if not warm_up:  # the warm-up's runs, at start or on a load through the API, are no client's executions

@@ -35,7 +35,7 @@ from app.server.telemetry.timer import STAGES
 from app.server.worker import INLINE_BODY_BYTES, Worker, arrived
 from app.settings import Settings
 from tests.live_server import MODELS, live_server
-from tests.repositories import BROKEN, broken_copy, copy_models, not_ready_reason
+from tests.repositories import BROKEN, add_version, broken_copy, copy_models, not_ready_reason
 from tests.server.log_records import captured
 from tests.server.stages import Stages
 
@@ -549,3 +549,24 @@ def test_a_start_that_left_a_model_failing_is_ready_once_that_model_loads(tmp_pa
     worker.control.load("layernorm")
     worker.settle()
     assert worker.admission.ready and worker.model("layernorm").name == "layernorm"
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "reported"),
+    [
+        (None, None, [("encoder", "1"), ("layernorm", "1"), ("layernorm", "2")]),
+        ("layernorm", None, [("layernorm", "1"), ("layernorm", "2")]),  # every version, as Triton's: not the newest
+        ("layernorm", "1", [("layernorm", "1")]),
+    ],
+    ids=["every-model", "one-model", "one-version"],
+)
+def test_statistics_of_a_model_are_of_each_version_serving(
+    tmp_path: Path, name: str | None, version: str | None, reported: list[tuple[str, str]]
+) -> None:
+    root = copy_models(tmp_path / "models", ("layernorm", "encoder"))
+    add_version(root, "layernorm", 2)
+    (root / "layernorm/model.json").write_text(json.dumps({"version_policy": {"all": {}}}))
+    worker = Worker(Settings(model_dir=root))
+    worker.start()
+    stats = worker.model_statistics(name, version)["model_stats"]
+    assert [(s["name"], s["version"]) for s in stats] == reported

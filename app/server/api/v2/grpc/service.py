@@ -75,12 +75,11 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
         return messages.model_config(self._model(request.name, request.version, call))
 
     async def ModelStatistics(self, request: Any, context: Any, call: Call) -> Any:
-        """Triton statistics, shared with HTTP's /stats: one model, or every model when the name is empty."""
+        """Triton statistics, shared with HTTP's /stats: every model when the name is empty, else each version
+        serving of one model, or the version asked for."""
         if request.name:
-            models = [self._model(request.name, request.version, call)]
-        else:
-            models = list(self.worker.runtime.models)
-        return messages.statistics(self.worker.statistics.report([(m.name, m.version) for m in models]))
+            self._model(request.name, request.version, call)  # its log line names the model
+        return messages.statistics(self.worker.model_statistics(request.name, request.version or None))
 
     async def RepositoryIndex(self, request: Any, context: Any, call: Call) -> Any:
         self._admin(context)

@@ -47,8 +47,7 @@ async def server_metadata() -> Response:
 @router.get("/v2/models/stats", **openapi.V2_ALL_STATS)
 async def all_model_stats(worker: Worker) -> Response:
     """Triton statistics of every model."""
-    models = [(m.name, m.version) for m in worker.runtime.models]
-    return json_response(worker.statistics.report(models))
+    return json_response(worker.model_statistics())
 
 
 @router.get("/v2/models/{name}", **openapi.V2_METADATA)
@@ -88,15 +87,14 @@ async def infer_version(name: str, version: str, request: Request, worker: Worke
 
 @router.get("/v2/models/{name}/stats", **openapi.V2_STATS)
 async def model_stats(name: str, worker: Worker) -> Response:
-    """Triton statistics of one model: counts and cumulative ns per stage, executions per batch size."""
-    model = worker.model(name)
-    return json_response(worker.statistics.report([(model.name, model.version)]))
+    """Triton statistics of one model, each version serving: counts and cumulative ns per stage, executions per
+    batch size."""
+    return json_response(worker.model_statistics(name))
 
 
 @router.get("/v2/models/{name}/versions/{version}/stats", **openapi.V2_STATS)
 async def model_version_stats(name: str, version: str, worker: Worker) -> Response:
-    model = worker.model(name, version)
-    return json_response(worker.statistics.report([(model.name, model.version)]))
+    return json_response(worker.model_statistics(name, version))
 
 
 # Triton's shared-memory routes (status, register and unregister, of one region or all): 400 naming the extension.
