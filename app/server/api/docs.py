@@ -16,6 +16,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
 
+from app.server.api.direct import DirectRoute
+
 ASSETS_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
 ASSETS = "/docs/assets"
 # The page's inline bootstrap script needs 'unsafe-inline'; anything from another origin still fails loudly.
@@ -24,7 +26,7 @@ CSP = (
     "img-src 'self' data:; connect-src 'self'"
 )
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, route_class=DirectRoute)  # answers HEAD too
 
 
 @router.get("/docs")

@@ -6,9 +6,10 @@ import anyio
 from fastapi import APIRouter
 from starlette.responses import Response
 
+from app.server.api.direct import DirectRoute
 from app.server.telemetry import metrics
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], route_class=DirectRoute)  # answers HEAD too
 
 # Its own limiter: a scrape never waits behind inferences for a thread of the default pool.
 _scrapes = anyio.CapacityLimiter(2)

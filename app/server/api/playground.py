@@ -8,12 +8,14 @@ from fastapi import APIRouter, FastAPI
 from starlette.responses import FileResponse
 from starlette.staticfiles import StaticFiles
 
+from app.server.api.direct import DirectRoute
+
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 
 # Everything the page loads comes from this origin; the CSP makes a stray CDN link fail loudly in the browser.
 CSP = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'"
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, route_class=DirectRoute)  # answers HEAD too
 
 
 @router.get("/")

@@ -52,6 +52,18 @@ def test_head_answers_as_get_without_the_body(client: httpx.Client, path: str) -
     assert head.headers["content-type"] == got.headers["content-type"] == "application/json"
 
 
+@pytest.mark.parametrize(
+    ("path", "media"),
+    [("/metrics", "text/plain"), ("/", "text/html"), ("/docs", "text/html"), ("/openapi.json", "application/json")],
+)
+def test_head_of_the_other_get_routes_answers_as_get_without_the_body(
+    client: httpx.Client, path: str, media: str
+) -> None:
+    head = client.head(path)
+    assert (head.status_code, head.content) == (200, b"")
+    assert head.headers["content-type"].startswith(media)
+
+
 def test_head_of_an_unknown_model_is_its_404_without_the_body(client: httpx.Client) -> None:
     head = client.head("/v2/models/nope/ready")
     assert (head.status_code, head.content) == (404, b"")
