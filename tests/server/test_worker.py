@@ -570,3 +570,11 @@ def test_statistics_of_a_model_are_of_each_version_serving(
     worker.start()
     stats = worker.model_statistics(name, version)["model_stats"]
     assert [(s["name"], s["version"]) for s in stats] == reported
+
+
+def test_a_numpy_backend_request_counts_as_its_models_inference_without_an_execution() -> None:
+    """README, Logs: it names the model whose defaults it used, though no session ran."""
+    worker = started()
+    answer = orjson.loads(asyncio.run(normalize(worker, orjson.dumps({**SEED003.request(), "backend": "numpy"}))))
+    np.testing.assert_allclose(answer["output"], SEED003.output, atol=1e-4)
+    assert answer["model"] is None and counts(worker) == (1, 0, 1, 0)
