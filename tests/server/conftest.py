@@ -46,7 +46,7 @@ def uvicorn_server(signal_handlers: None) -> Iterator[uvicorn.Server]:
 def restore_logging() -> Iterator[None]:
     """The lifespan, configure() and dictConfig change this process's normserve and uvicorn loggers: put them back
     afterwards."""
-    loggers = [logging.getLogger(name) for name in ("normserve", "uvicorn", "uvicorn.access")]
+    loggers = [logging.getLogger(name) for name in ("normserve", "uvicorn", "uvicorn.access", "opentelemetry")]
     saved = [(list(lg.handlers), lg.level, lg.propagate, lg.disabled) for lg in loggers]
     try:
         yield

@@ -74,6 +74,11 @@ def _level(name: str) -> str:
     return name.upper()
 
 
+# The OpenTelemetry SDK's loggers (its exporter's retries when the collector is down): without a handler of
+# their own, logging's last resort wrote them to stderr as plain text between the JSON lines.
+OTEL = "opentelemetry"
+
+
 def uvicorn_log_config(level: str) -> dict[str, Any]:
     """uvicorn's `log_config`: JSON from its first line; its access log off, as normserve.access replaces it."""
     handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
@@ -86,23 +91,25 @@ def uvicorn_log_config(level: str) -> dict[str, Any]:
             "uvicorn": {"handlers": ["stderr"], "level": _level(level), "propagate": False},
             "uvicorn.access": {"handlers": [], "propagate": False},
             "normserve": {"handlers": ["stderr"], "level": _level(level), "propagate": False},
+            OTEL: {"handlers": ["stderr"], "level": _level(level), "propagate": False},
         },
     }
 
 
 def configure(level: str) -> None:
-    """JSON on stderr for normserve.* and uvicorn.*, at NORMSERVE_LOG_LEVEL; idempotent (one handler each).
+    """JSON on stderr for normserve.*, uvicorn.* and opentelemetry.*, at NORMSERVE_LOG_LEVEL; idempotent.
 
     Runs in each worker's lifespan, so `uvicorn app.main:app` gets JSON too from start-up on;
     `normserve serve` already hands uvicorn the same setup (uvicorn_log_config) before it logs anything.
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
-    for name in ("normserve", "uvicorn"):
+    for name in ("normserve", "uvicorn", OTEL):
         logger = logging.getLogger(name)
         logger.handlers = [handler]
         logger.propagate = False
-    logging.getLogger("normserve").setLevel(_level(level))
+    for name in ("normserve", OTEL):
+        logging.getLogger(name).setLevel(_level(level))
     # No handler and no propagation: uvicorn sees hasHandlers() false and does not even build its access lines.
     access = logging.getLogger("uvicorn.access")
     access.handlers = []

@@ -154,6 +154,25 @@ def test_the_access_line_written_directly_is_the_line_logging_writes(
 
 
 @pytest.mark.usefixtures("restore_logging")
+@pytest.mark.parametrize("setup", ["configure", "dictConfig"])
+def test_the_opentelemetry_sdks_warnings_are_json_lines_too(setup: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its exporter logs each retry while the collector is down: plain text between the JSON lines before."""
+    if setup == "configure":
+        logs.configure("info")
+    else:
+        logging.config.dictConfig(logs.uvicorn_log_config("info"))
+        for handler in logging.getLogger("opentelemetry").handlers:
+            assert isinstance(handler, logging.StreamHandler)
+            handler.setStream(sys.stderr)  # dictConfig bound the stderr of before capsys
+    exporter = "opentelemetry.exporter.otlp.proto.http.trace_exporter"
+    logging.getLogger(exporter).warning("Transient error %s encountered while exporting span batch", "503")
+    (line,) = capsys.readouterr().err.splitlines()
+    doc = json.loads(line)
+    assert (doc["level"], doc["logger"]) == ("warning", exporter)
+    assert doc["msg"] == "Transient error 503 encountered while exporting span batch"
+
+
+@pytest.mark.usefixtures("restore_logging")
 def test_an_added_handler_gets_the_access_line_as_a_record() -> None:
     logs.configure("info")
     with captured("normserve.access") as records:
