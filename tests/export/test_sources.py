@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from app.core.reference import EncoderConfig
 from app.export.modules import CheckpointError
-from app.export.sources import NORM_NOTE, TANH_NOTE, load_module, user_encoder, user_layernorm
+from app.export.sources import NORM_NOTE, TANH_NOTE, UserEncoder, load_module, user_encoder, user_layernorm
 
 
 def swish(x: Tensor) -> Tensor:  # a custom activation: module level, so that torch.save can pickle it
@@ -70,17 +70,22 @@ def test_every_setting_is_read_from_the_module(
     assert user.twin.cfg == EncoderConfig(**{**BASE, **defaults, **expected})
 
 
-@pytest.mark.parametrize("batch_first", [True, False])
-@pytest.mark.parametrize("pe", [None, "sinusoidal"])
-def test_the_forward_is_the_module_in_eval_mode_on_the_served_layout(batch_first: bool, pe: str | None) -> None:
-    module = perturbed(nn.TransformerEncoder(layer(batch_first=batch_first), 1, enable_nested_tensor=False))
-    user = user_encoder(module, Path("m.pt"), 32, pe)
+def assert_twin_answers_as_the_module(user: UserEncoder) -> None:
+    """The twin and the user's module (its forward) agree at unpadded positions, one sequence partly padded."""
     x = np.random.default_rng(0).standard_normal((2, 5, 16)).astype(np.float32)
     mask = np.zeros((2, 5), dtype=bool)
     mask[1, 3:] = True
     with torch.no_grad():
         got = user.twin(torch.from_numpy(x), torch.from_numpy(mask))[0].numpy()
     np.testing.assert_allclose(got[~mask], user.forward(x, mask)[~mask], atol=1e-5)
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("pe", [None, "sinusoidal"])
+def test_the_forward_is_the_module_in_eval_mode_on_the_served_layout(batch_first: bool, pe: str | None) -> None:
+    module = perturbed(nn.TransformerEncoder(layer(batch_first=batch_first), 1, enable_nested_tensor=False))
+    user = user_encoder(module, Path("m.pt"), 32, pe)
+    assert_twin_answers_as_the_module(user)
     assert user.source == {"class": "torch.nn.TransformerEncoder", "batch_first": batch_first}
     assert user.twin.cfg.positional_encoding == (pe or "none")
 
@@ -110,12 +115,7 @@ def test_a_module_torchs_fast_path_answers_differently_or_fails_on_is_run_off_it
     forward is measured on the ordinary path, which computes the same layer, and the export says so."""
     module = perturbed(build())
     user = user_encoder(module, Path("m.pt"), 32, None)
-    x = np.random.default_rng(1).standard_normal((2, 5, 16)).astype(np.float32)
-    mask = np.zeros((2, 5), dtype=bool)
-    mask[0, 4:] = True
-    with torch.no_grad():
-        got = user.twin(torch.from_numpy(x), torch.from_numpy(mask))[0].numpy()
-    np.testing.assert_allclose(got[~mask], user.forward(x, mask)[~mask], atol=1e-5)
+    assert_twin_answers_as_the_module(user)
     assert user.source.get("note") == note
     assert torch.backends.mha.get_fastpath_enabled()  # restored after the forward
 
