@@ -187,10 +187,12 @@ def test_sigterm_during_load_finishes_every_accepted_request_and_refuses_new_one
     assert [(c.status, c.error) for c in accepted] == [(200, None)] * len(accepted)
     assert sum(c.done > run.t_sig for c in accepted) == 4, "the requests in flight at the signal were drained"
     assert_refused_while_draining(run.probes)
-    after = [status for sent, recv, status in run.polls if sent >= run.t_sig]
-    assert after and set(after) == {503}, "a readiness probe sent after SIGTERM said ready"
     first_503 = next(recv for sent, recv, status in run.polls if status == 503)
     assert first_503 - run.t_sig < READY_WITHIN_S, f"readiness turned 503 {first_503 - run.t_sig:.3f} s late"
+    # Never ready again once 503. A probe sent in the moment after the signal may still be answered 200: the
+    # signal reaches the event loop asynchronously (within READY_WITHIN_S, asserted above).
+    after = [status for sent, recv, status in run.polls if sent >= first_503]
+    assert after and set(after) == {503}, "a readiness probe said ready after one had said 503"
     # Spec section 6: status 0, or the signal's own status as uvicorn re-raises it after a clean shutdown.
     assert run.exit_code in (0, -signal.SIGTERM)
     assert run.exited >= max(c.done for c in accepted), "the process exited before its accepted requests finished"

@@ -135,7 +135,9 @@ def test_sigterm_during_grpc_load_finishes_accepted_calls_and_refuses_new_ones(t
     assert [(c.code, c.details) for c in accepted] == [(grpc.StatusCode.OK, "")] * len(accepted)
     assert sum(c.done > t_sig for c in accepted) == CLIENTS, "the calls in flight at the signal were drained"
     assert first_not_serving - t_sig < NOT_SERVING_WITHIN_S
-    assert {status for sent, _, status in run["polls"] if sent >= t_sig} == {NOT_SERVING}
+    # Never back to SERVING once NOT_SERVING. A poll sent in the moment after the signal may still be answered
+    # SERVING: the signal reaches the event loop asynchronously (within NOT_SERVING_WITHIN_S, asserted above).
+    assert {status for sent, _, status in run["polls"] if sent >= first_not_serving} == {NOT_SERVING}
     assert run["probe"] == ((grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN), False)
     assert run["exit"] in (0, -signal.SIGTERM)
     assert run["exited"] >= max(c.done for c in accepted), "the process exited before its accepted calls finished"
