@@ -202,8 +202,12 @@ class Model(ABC):
         self.load_seconds = 0.0
         self.warming = False  # while the runtime runs its parity warm-up: no client's runs (Triton's statistics)
         self.policy = loaded.policy  # model.json as this version was built with it: its batching is built in
-        self.version_policy = loaded.policy.version_policy if loaded.policy is not None else None
         self._observe = loaded.observe
+
+    @property
+    def version_policy(self) -> dict[str, Any] | None:
+        """model.json's version_policy, which the config reports."""
+        return self.policy.version_policy if self.policy is not None else None
 
     @property
     def name(self) -> str:

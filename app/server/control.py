@@ -127,7 +127,7 @@ class ModelControl:
         """After a load: its model.json is every serving version's, whose version_policy (which nothing is built
         from) the config reports."""
         for model in self.runtime.serving.get(name, {}).values():
-            model.policy, model.version_policy = policy, policy.version_policy
+            model.policy = policy
 
     def load(self, name: str, reload: Collection[int] = ()) -> list[Model]:
         """Load a model's selected versions, then retire the others. ModelLoadFailed (400) if any fails.

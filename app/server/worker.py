@@ -155,10 +155,9 @@ class Worker:
         newest), or of one version."""
         if not name:
             models = self.runtime.models
-        elif version is not None:
-            models = [self.model(name, version)]
         else:
-            models = [m for m in self.runtime.models if m.name == self.model(name).name]
+            model = self.model(name, version)
+            models = [model] if version is not None else [m for m in self.runtime.models if m.name == model.name]
         return self.statistics.report([(m.name, m.version) for m in models])
 
     def _observe_run(self, model: str, version: str, seconds: float, rows: int, warm_up: bool) -> None:

@@ -77,9 +77,9 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
     async def ModelStatistics(self, request: Any, context: Any, call: Call) -> Any:
         """Triton statistics, shared with HTTP's /stats: every model when the name is empty, else each version
         serving of one model, or the version asked for."""
-        if request.name:
-            self._model(request.name, request.version, call)  # its log line names the model
-        return messages.statistics(self.worker.model_statistics(request.name, request.version or None))
+        report = self.worker.model_statistics(request.name, request.version or None)
+        call.model = request.name  # its log line names the model (a name it did not know raised above)
+        return messages.statistics(report)
 
     async def RepositoryIndex(self, request: Any, context: Any, call: Call) -> Any:
         self._admin(context)
