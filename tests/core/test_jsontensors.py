@@ -191,3 +191,83 @@ def test_a_large_body_parsed_in_pieces_gives_the_same_document_as_one_parse(
     except InvalidInput:
         split = "refused"
     assert (split is not None) is in_pieces
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[[1, 2], [3, 4], [5, 6]]",
+        "[[-0.5e-3, 1E+5], [-7, 3.4028234e38], [18446744073709551615, -9223372036854775808]]",
+        "[[[1, 2]], [[3, 4]], [[5, 6]]]",
+        "[[1], [2], [3]]",
+        "[ [ 1 ,2 ] ,\n [3, 4] ]",
+    ],
+    ids=["2d", "number-forms", "3d", "rows-of-one", "spaces"],
+)
+def test_many_short_rows_are_checked_on_their_text_and_parsed_as_an_array(
+    monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    monkeypatch.setattr(jsontensors, "_SHORT_ROWS", 1)
+    body = f'{{"data": {text}}}'.encode()
+    fast = jsontensors.loads(body, _data)
+    assert fast is not None and isinstance(fast["data"], np.ndarray)
+    np.testing.assert_array_equal(_slow(fast["data"]), _slow(orjson.loads(body)["data"]))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[[1, 2], [3, 4], [5]]", [[1, 2], [3, 4], [5]]),
+        ("[[1], [2, 3], [4]]", [[1], [2, 3], [4]]),
+        ("[[1, 2], 3, [4, 5]]", [[1, 2], 3, [4, 5]]),
+        ("[[1, 2], [3, true], [4, 5]]", [[1, 2], [3, True], [4, 5]]),
+        ("[[1, 2], [3, null], [4, 5]]", [[1, 2], [3, None], [4, 5]]),
+        ('[[1, 2], [3, "4"], [4, 5]]', [[1, 2], [3, "4"], [4, 5]]),
+        ("[[1, 2], [3, {}], [4, 5]]", [[1, 2], [3, {}], [4, 5]]),
+        ("[[1, 2], [3, 4], [[5, 6]]]", [[1, 2], [3, 4], [[5, 6]]]),
+        ("[[1, 2], [3, [4]]]", [[1, 2], [3, [4]]]),
+    ],
+    ids=[
+        "last-row-short",
+        "first-row-short",
+        "row-a-number",
+        "boolean",
+        "null",
+        "string",
+        "object",
+        "row-too-deep",
+        "hidden-level",
+    ],
+)
+def test_many_short_rows_that_are_not_rectangular_numbers_stay_lists_for_the_codec(
+    monkeypatch: pytest.MonkeyPatch, text: str, expected: Any
+) -> None:
+    monkeypatch.setattr(jsontensors, "_SHORT_ROWS", 1)
+    assert jsontensors.loads(f'{{"data": {text}}}'.encode(), _data) == {"data": expected}
+
+
+@pytest.mark.parametrize("shape", [(70_000, 2), (300, 300, 1)], ids=["70000x2", "300x300x1"])
+def test_a_body_of_many_narrow_rows_is_parsed_as_an_array(shape: tuple[int, ...]) -> None:
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    body = orjson.dumps({"data": x}, option=orjson.OPT_SERIALIZE_NUMPY)
+    fast = jsontensors.loads(bytearray(body), _data)
+    assert fast is not None and isinstance(fast["data"], np.ndarray)
+    np.testing.assert_array_equal(_slow(fast["data"]), x)
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        (69_999, "data: row 69999 has 1 elements, expected 2"),
+        (0, "data: row 1 has 2 elements, expected 1"),
+    ],
+    ids=["last-row-short", "first-row-short"],
+)
+def test_a_body_of_many_narrow_rows_with_a_short_one_is_refused_naming_the_row(row: int, message: str) -> None:
+    rows = np.arange(140_000).reshape(70_000, 2).tolist()
+    rows[row] = rows[row][:1]
+    doc = jsontensors.loads(bytearray(orjson.dumps({"data": rows})), _data)
+    assert doc == {"data": rows}
+    with pytest.raises(InvalidInput) as e:
+        decode_json_tensor(doc["data"], "data", max_elements=10**8, max_depth=32)
+    assert str(e.value) == message

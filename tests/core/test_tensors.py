@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import threading
 from typing import Any
 
 import numpy as np
@@ -11,6 +13,7 @@ from app.core.tensors import (
     DATATYPES,
     FLOAT32_MAX,
     binary_view,
+    collector_paused,
     decode_binary,
     decode_json_tensor,
     encode_json_tensor,
@@ -87,6 +90,73 @@ def test_a_bool_tensor_names_what_is_not_a_boolean(value: Any, message: str) -> 
     with pytest.raises(InvalidInput) as e:
         decode(value, boolean=True)
     assert str(e.value) == f"data: {message}"
+
+
+def _rows(n: int, **changes: Any) -> list[Any]:
+    """n rows of two numbers, with the rows (or elements, at "row.column") that `changes` names replaced."""
+    rows: list[Any] = np.arange(2 * n, dtype=np.float64).reshape(n, 2).tolist()
+    for where, value in changes.items():
+        row, _, column = where.removeprefix("r").partition("_")
+        if column:
+            rows[int(row)][int(column)] = value
+        else:
+            rows[int(row)] = value
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (_rows(100_000, r99999=[1.0], r0_1="a"), "row 99999 has 1 elements, expected 2"),
+        (_rows(100_000, r99999=7, r0_1=None), "row 99999 is a number, expected an array of 2"),
+        (_rows(100_000, r70000_0=None), "element [70000, 0] is null, expected a number"),
+        (_rows(100_000, r99998_1=2**64), "element [99998, 1] is an integer outside 64 bits, expected a float32 number"),
+        (_rows(100_000, r5_0=1e30, r6_1=1e30, r80000_1="x"), "element [80000, 1] is a string, expected a number"),
+        (_rows(100_000, r90000_0=True), "booleans are not numbers; expected an array of numbers"),
+        (_rows(100_000, r3_1=[2.0]), "element [3, 1] is an array, expected a number"),
+        ([_rows(50_000), _rows(50_000, r49999=[])], "row [1, 49999] has 0 elements, expected 2"),
+    ],
+    ids=[
+        "short-row-before-string",
+        "number-row-before-null",
+        "null",
+        "big-int",
+        "string-after-large-floats",
+        "boolean",
+        "array-element",
+        "3d-empty-row",
+    ],
+)
+def test_a_large_tensor_names_its_first_problem_level_by_level(value: Any, message: str) -> None:
+    """Level by level: a wrong row anywhere is named before a wrong element in an earlier row."""
+    with pytest.raises(InvalidInput) as e:
+        decode_json_tensor(value, "data", max_elements=10**6, max_depth=8)
+    assert str(e.value) == f"data: {message}"
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["collector-on", "collector-off"])
+def test_collector_paused_restores_the_collector_once_the_last_thread_leaves(enabled: bool) -> None:
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        inside, leave = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with collector_paused():
+                inside.set()
+                leave.wait(10)
+
+        other = threading.Thread(target=hold)
+        other.start()
+        assert inside.wait(10)
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the other thread is still inside
+        leave.set()
+        other.join(10)
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
 
 
 @pytest.mark.parametrize("body", [b"[NaN]", b'{"data": [Infinity]}', b'{"data": [1e400]}', b"{", b"\xff"])
