@@ -167,7 +167,7 @@ def _numeric(node: simdjson.Array) -> list[int] | None:
     if isinstance(probe, bool) or not isinstance(probe, int | float):
         return None
     if math.prod(shape[:-1]) > _SHORT_ROWS:
-        return shape if node.mini.translate(None, _NUMBER_CHARS) == _skeleton(shape) else None
+        return shape if _minified(node).translate(None, _NUMBER_CHARS) == _skeleton(shape) else None
     level = [node]
     for size in shape[1:]:  # every list above the numbers holds lists of the expected length
         children = []
@@ -178,6 +178,11 @@ def _numeric(node: simdjson.Array) -> list[int] | None:
                 children.append(child)
         level = children
     return shape
+
+
+def _minified(node: simdjson.Array) -> bytes:
+    text: bytes | str = node.mini  # bytes at run time (pysimdjson 7), though its stub says str
+    return text if isinstance(text, bytes) else text.encode()
 
 
 def _skeleton(shape: list[int]) -> bytes:
