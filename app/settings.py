@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import string
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -18,7 +19,7 @@ def _token(value: object) -> object:
     printable ASCII without spaces, as `Authorization: Bearer <token>` can carry it. The error never quotes it."""
     if not isinstance(value, str):
         return value
-    token = value.strip()
+    token = value.strip(string.whitespace)  # ASCII only: a no-break space is refused below, not dropped
     if not all("!" <= ch <= "~" for ch in token):
         raise ValueError(
             "NORMSERVE_ADMIN_TOKEN must be printable ASCII without spaces or control characters inside "

@@ -101,7 +101,10 @@ def test_each_variable_is_parsed_into_its_typed_field(
         ("NORMSERVE_BATCH_MAX_SEQ_LEN", "0", "Input should be greater than or equal to 1"),
         ("NORMSERVE_VALIDATE_ATOL", "0", "Input should be greater than 0"),
         ("NORMSERVE_VALIDATE_ATOL", "tight", "Input should be a valid number, unable to parse string as a number"),
-        *((("NORMSERVE_ADMIN_TOKEN", token, TOKEN_REFUSED)) for token in ("two words", "tök", "a\x07b", "a\u202eb")),
+        *(
+            (("NORMSERVE_ADMIN_TOKEN", token, TOKEN_REFUSED))
+            for token in ("two words", "tök", "a\x07b", "a\u202eb", "s3cret\xa0", "\x85s3cret")
+        ),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_field(

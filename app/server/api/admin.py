@@ -9,6 +9,7 @@ they are closed (403 naming the setting), never open. The configured token is ch
 from __future__ import annotations
 
 import hmac
+import string
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,9 @@ SCHEME = "bearer"
 FIELD = "authorization"
 CLOSED = "the admin routes are closed: set NORMSERVE_ADMIN_TOKEN on the server to open them"
 MISSING = "expected `Authorization: Bearer <token>` (NORMSERVE_ADMIN_TOKEN is set)"
+# Only ASCII whitespace surrounds the token: str.strip() would also drop a no-break space or NEL (the header is
+# read as Latin-1), so a value an exact-match filter in front of the server sees as different would pass.
+WHITESPACE = string.whitespace
 
 
 def check_token(values: Sequence[str], settings: Settings) -> None:
@@ -29,11 +33,12 @@ def check_token(values: Sequence[str], settings: Settings) -> None:
         raise Forbidden(CLOSED, FIELD)
     if len(values) > 1:
         raise Unauthorized(f"{len(values)} authorization values; {MISSING}", FIELD)
-    scheme, _, token = (values[0] if values else "").strip().partition(" ")
-    if scheme.lower() != SCHEME or not token.strip():
+    scheme, _, token = (values[0] if values else "").strip(WHITESPACE).partition(" ")
+    token = token.strip(WHITESPACE)
+    if scheme.lower() != SCHEME or not token:
         raise Unauthorized(MISSING, FIELD)
     # Constant time: how long a wrong guess takes must not tell how much of it was right.
-    if not hmac.compare_digest(token.strip().encode(), expected.encode()):
+    if not hmac.compare_digest(token.encode(), expected.encode()):
         raise Forbidden("wrong admin token", FIELD)
 
 

@@ -14,6 +14,7 @@ configured TIMESTAMPS is refused, as the spans would go nowhere.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,6 +28,7 @@ MODE = "opentelemetry"  # Triton's trace_mode: spans go out over OTLP, not into 
 FIXED = {"trace_file": "", "log_frequency": "0", "trace_mode": MODE}
 NO_EXPORTER = "OTEL_EXPORTER_OTLP_ENDPOINT is not set (or OTEL_SDK_DISABLED is true)"
 KEYS = ("trace_level", "trace_rate", "trace_count", *FIXED)
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass
@@ -49,9 +51,11 @@ def _level(value: Any) -> str:
 
 def _integer(key: str, value: Any, least: int) -> int:
     text = value[0] if isinstance(value, list) and len(value) == 1 else value
+    # A string of ASCII digits: int() alone also reads " 5 ", "1_0" and fullwidth digits.
+    digits = isinstance(text, str) and _INTEGER.fullmatch(text)
     try:
-        number = int(text) if isinstance(text, str | int) and not isinstance(text, bool) else None
-    except ValueError:
+        number = int(text) if digits or (isinstance(text, int) and not isinstance(text, bool)) else None
+    except ValueError:  # past int()'s 4,300 digits
         number = None
     if number is None or number < least:
         raise InvalidInput(f"expected an integer >= {least} (as a string), got {shown(value)}", key)

@@ -20,7 +20,9 @@ def test_without_a_token_set_every_request_is_403_naming_the_setting(values: lis
     assert (str(e.value), status_for(e.value, v2=True)) == (CLOSED, 403)
 
 
-@pytest.mark.parametrize("header", ["Bearer s3cret-token", "bearer s3cret-token", "  Bearer s3cret-token  "])
+@pytest.mark.parametrize(
+    "header", ["Bearer s3cret-token", "bearer s3cret-token", "  Bearer s3cret-token  ", "Bearer \ts3cret-token\r\n"]
+)
 def test_the_right_bearer_token_passes(header: str) -> None:
     check_token([header], TOKEN)
 
@@ -49,6 +51,26 @@ def test_a_wrong_token_is_403_and_not_echoed(token: str) -> None:
         check_token([f"Bearer {token}"], TOKEN)
     assert str(e.value) == "authorization: wrong admin token"
     assert status_for(e.value, v2=True) == 403
+
+
+WRONG = ("authorization: wrong admin token", 403)
+
+
+@pytest.mark.parametrize(
+    ("header", "refusal"),
+    [
+        ("Bearer s3cret-token\xa0", WRONG),
+        ("Bearer s3cret-token\x85", WRONG),
+        ("Bearer \xa0s3cret-token", WRONG),
+        ("\xa0Bearer s3cret-token", (MISSING, 401)),
+    ],
+    ids=["nbsp-after", "nel-after", "nbsp-before", "nbsp-first"],
+)
+def test_only_ascii_whitespace_surrounds_the_token(header: str, refusal: tuple[str, int]) -> None:
+    """A value that an exact-match filter in front of the server sees as another token is another token."""
+    with pytest.raises(NormserveError) as e:
+        check_token([header], TOKEN)
+    assert (str(e.value), status_for(e.value, v2=True)) == refusal
 
 
 def test_the_token_never_shows_in_the_settings_repr() -> None:

@@ -31,9 +31,11 @@ MISSPELT_RATIO = 0.6  # difflib's: "epsilon" vs "eps" is 0.6, "eps_mod" vs "eps_
 IGNORED_TENSOR_PARAMETERS = ("content_type",)
 # Parameters of the protocol itself (tritonclient's reserved names): accepted, and only the first is used.
 PROTOCOL_PARAMETERS = ("binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
-# A number as a string (KServe's and MLServer's gRPC parameters have no double): a decimal, as JSON writes one.
-NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
-INTEGER = re.compile(r"[+-]?\d{1,18}")
+# A number as a string (KServe's and MLServer's gRPC parameters have no double): a decimal, as JSON writes one,
+# in ASCII digits: float() and int() also read Arabic-Indic and fullwidth digits, which a proxy checking numbers
+# would refuse.
+NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
 # Triton's shared-memory extensions, by their HTTP path segment: not supported (errors.ExtensionNotSupported).
 SHARED_MEMORY = {"systemsharedmemory": "system_shared_memory", "cudasharedmemory": "cuda_shared_memory"}
 # Bounds on what a request's parameters may cost: 100,000 unknown names took 5.4 s of difflib and were echoed

@@ -184,6 +184,8 @@ def test_raw_bool_bytes_are_true_when_nonzero(runtime: Runtime, raw: bytes, expe
         ({"eps": "nan"}, {"eps": "nan"}),
         ({"eps": "1e999"}, {"eps": "1e999"}),  # not finite: stays as sent
         ({"eps": " 0.1"}, {"eps": " 0.1"}),
+        ({"eps": "\u0661e-3", "normalized_ndim": "\u0661"}, {"eps": "\u0661e-3", "normalized_ndim": "\u0661"}),
+        ({"eps": "\uff11e-3", "normalized_ndim": "\uff12"}, {"eps": "\uff11e-3", "normalized_ndim": "\uff12"}),
         ({"eps_mode": "1"}, {"eps_mode": "1"}),  # a string parameter stays a string
         ({"sequence_id": "7"}, {"sequence_id": "7"}),  # the protocol's own: unread, unchanged
         ({"eps": 0.25, "normalized_ndim": 1}, {"eps": 0.25, "normalized_ndim": 1}),

@@ -112,7 +112,7 @@ def _split(body: bytearray, header_length: str | None) -> tuple[memoryview, memo
     view = memoryview(body)
     if header_length is None:
         return view, view[len(view) :]
-    text = header_length.strip()
+    text = header_length.strip(" \t")  # HTTP's own whitespace: str.strip() would drop a no-break space too
     if not (text.isascii() and text.isdigit()):
         raise MalformedBody(f"expected the JSON header's byte count, got {header_length!r}", HEADER_LENGTH)
     n = int(text)

@@ -459,6 +459,15 @@ ERRORS = [
     pytest.param(
         LN,
         _binary([("input", "FP32", [3], ROW_F32)])[0],
+        {HEADER: _binary([("input", "FP32", [3], ROW_F32)])[1][HEADER].encode() + b"\xa0"},
+        400,
+        f"Inference-Header-Content-Length: expected the JSON header's byte count, got "
+        f"'{_binary([('input', 'FP32', [3], ROW_F32)])[1][HEADER]}\\xa0'",
+        id="header-count-then-no-break-space",
+    ),
+    pytest.param(
+        LN,
+        _binary([("input", "FP32", [3], ROW_F32)])[0],
         {HEADER: "100000"},
         400,
         "Inference-Header-Content-Length: 100000 exceeds the body's 108 bytes (after decompression)",

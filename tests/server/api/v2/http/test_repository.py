@@ -119,6 +119,30 @@ def test_the_admin_token_guards_every_repository_route(
 
 
 @pytest.mark.parametrize(
+    ("header", "status", "message"),
+    [
+        (b"Bearer repo-token\xa0", 403, "authorization: wrong admin token"),
+        (b"Bearer repo-token\x85", 403, "authorization: wrong admin token"),
+        (b"Bearer \xa0repo-token", 403, "authorization: wrong admin token"),
+        (
+            b"\xa0Bearer repo-token",
+            401,
+            "authorization: expected `Authorization: Bearer <token>` (NORMSERVE_ADMIN_TOKEN is set)",
+        ),
+        (b"Bearer \trepo-token", 200, None),
+    ],
+    ids=["nbsp-after", "nel-after", "nbsp-before", "nbsp-first", "tab-before"],
+)
+def test_only_ascii_whitespace_may_surround_the_admin_token(
+    explicit: str, header: bytes, status: int, message: str | None
+) -> None:
+    r = httpx.post(explicit + "/v2/repository/index", headers={"Authorization": header})
+    assert r.status_code == status
+    if message is not None:
+        assert r.json() == {"error": message}
+
+
+@pytest.mark.parametrize(
     ("body", "status", "message"),
     [
         (

@@ -145,6 +145,17 @@ def test_log_info_off_stops_the_access_lines_without_a_restart(
         ("/v2/trace/setting", {"trace_count": "-2"}, "trace_count: expected an integer >= -1 (as a string), got '-2'"),
         (
             "/v2/trace/setting",
+            {"trace_rate": "\uff15"},
+            "trace_rate: expected an integer >= 1 (as a string), got '\uff15'",
+        ),
+        ("/v2/trace/setting", {"trace_rate": "1_0"}, "trace_rate: expected an integer >= 1 (as a string), got '1_0'"),
+        (
+            "/v2/trace/setting",
+            {"trace_count": " 5 "},
+            "trace_count: expected an integer >= -1 (as a string), got ' 5 '",
+        ),
+        (
+            "/v2/trace/setting",
             {"trace_file": "/tmp/t.json"},
             "trace_file: is '' in opentelemetry trace mode and cannot change",
         ),
