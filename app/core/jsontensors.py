@@ -10,7 +10,9 @@ This is only a fast path. Anything it is not sure of (invalid JSON, a non-number
 or too-deep array, a tensor of booleans) returns None or leaves that value as Python lists,
 and the callers then take the orjson path, whose checks write every error message. The one
 verdict it gives itself is a key repeated in one object (app/core/jsonkeys.py), which orjson
-cannot see.
+cannot see. A ragged array of many short rows of numbers is the exception that costs: as lists
+it took 2 s to name (a million rows of two), so its text names its first wrong row
+(tensors.text_row_problem, in the words the codec's own check uses) and the codec refuses it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import orjson
 import simdjson
 
 from app.core.jsonkeys import STRING_TOKEN, duplicate_key
-from app.core.tensors import collector_paused
+from app.core.tensors import Ragged, collector_paused, text_row_problem
 
 Path = tuple[str | int, ...]
 
@@ -144,17 +146,39 @@ def _convert(node: Any, path: Path, is_tensor: Callable[[Path], bool], lists: li
         return {key: _convert(node[key], (*path, key), is_tensor, lists) for key in keys}
     if isinstance(node, simdjson.Array):
         if is_tensor(path):
-            shape = _numeric(node)
-            if shape is not None:
-                lists[0] += sum(math.prod(shape[:d]) for d in range(len(shape)))  # 1 + d0 + d0*d1 + ...
-                return _Tensor(node, shape)
-            return _Lists(node)  # booleans, strings, ragged: the codec's own checks explain what is wrong
+            return _tensor(node, lists)
         return [_convert(value, (*path, i), is_tensor, lists) for i, value in enumerate(node)]
     return node
 
 
-def _numeric(node: simdjson.Array) -> list[int] | None:
-    """The shape of a rectangular array that starts with a number, or None."""
+def _tensor(node: simdjson.Array, lists: list[int]) -> _Tensor | _Lists | Ragged:
+    """A tensor's array: its numbers to be read as one buffer when it is rectangular, else its first problem
+    when its text shows a ragged array of numbers, else its Python lists (the codec's own checks explain what
+    is wrong with booleans, strings, nulls, arrays where numbers go)."""
+    shape = _first_shape(node)
+    if shape is None:
+        return _Lists(node)
+    if math.prod(shape[:-1]) <= _SHORT_ROWS:
+        if not _rows_fit(node, shape):
+            return _Lists(node)
+    else:
+        text = _minified(node)
+        structure = text.translate(None, _NUMBER_CHARS)
+        # An empty list leaves what a list of one number leaves: "[]" (minified, and with no strings in an array
+        # that matched, it can only be one)
+        if structure != _skeleton(shape) or (shape[-1] == 1 and b"[]" in text):
+            # Numbers, brackets and commas only: a ragged array of numbers, named from its text
+            problem = None if structure.translate(None, b"[],") else text_row_problem(text, shape)
+            if problem is None:
+                return _Lists(node)
+            lists[0] += structure.count(b"[")
+            return Ragged(len(shape), problem)
+    lists[0] += sum(math.prod(shape[:d]) for d in range(len(shape)))  # 1 + d0 + d0*d1 + ...
+    return _Tensor(node, shape)
+
+
+def _first_shape(node: simdjson.Array) -> list[int] | None:
+    """The shape of the first elements of an array, when the first of them all is a number; or None."""
     shape: list[int] = []
     probe: Any = node
     while isinstance(probe, simdjson.Array):
@@ -166,18 +190,21 @@ def _numeric(node: simdjson.Array) -> list[int] | None:
         probe = probe[0]
     if isinstance(probe, bool) or not isinstance(probe, int | float):
         return None
-    if math.prod(shape[:-1]) > _SHORT_ROWS:
-        return shape if _minified(node).translate(None, _NUMBER_CHARS) == _skeleton(shape) else None
+    return shape
+
+
+def _rows_fit(node: simdjson.Array, shape: list[int]) -> bool:
+    """Whether every list above the numbers holds lists of the expected length."""
     level = [node]
-    for size in shape[1:]:  # every list above the numbers holds lists of the expected length
+    for size in shape[1:]:
         children = []
         for parent in level:
             for child in parent:
                 if not isinstance(child, simdjson.Array) or len(child) != size:
-                    return None
+                    return False
                 children.append(child)
         level = children
-    return shape
+    return True
 
 
 def _minified(node: simdjson.Array) -> bytes:
