@@ -340,7 +340,10 @@ def text_row_problem(text: bytes, shape: list[int]) -> str | None:
     chars = np.frombuffer(text, np.uint8)
     opens, commas = chars == ord("["), chars == ord(",")
     # How many lists are open after each character: '[' of a level-k list (the root is level 0) reads k + 1.
-    depth = np.cumsum(opens.view(np.int8) - (chars == ord("]")).view(np.int8), dtype=np.int8)
+    # int16: a row may nest past the first numbers' depth, up to simdjson's 1,024 levels (int8 wrapped at 128).
+    steps = opens.astype(np.int16) - (chars == ord("]"))
+    depth = np.cumsum(steps, dtype=np.int16)
+    del steps
     inside = depth == 1
     for level in range(1, len(shape)):
         # The rows of this level, in order: what follows each '[' (unless it closes at once) and each comma

@@ -253,6 +253,7 @@ def _refusal(value: Any) -> str:
         ("[[1, 2], [3, [4]], [5]]", "data: row 2 has 1 elements, expected 2"),
         ("[[1], [1], []]", "data: row 2 has 0 elements, expected 1"),
         ("[[[1]], [[]]]", "data: row [1, 0] has 0 elements, expected 1"),
+        ("[[1, " + "[" * 300 + "7" + "]" * 300 + "], [3, 4], [5]]", "data: row 2 has 1 elements, expected 2"),
     ],
     ids=[
         "last-row-short",
@@ -266,6 +267,7 @@ def _refusal(value: Any) -> str:
         "row-before-element",
         "empty-row-of-one",
         "3d-empty-row-of-one",
+        "300-deep-row-first",
     ],
 )
 def test_a_ragged_array_of_many_short_rows_is_named_from_its_text_as_from_its_lists(
