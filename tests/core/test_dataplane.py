@@ -133,8 +133,16 @@ ENCODE_ERRORS = [
     pytest.param(
         (1, 1, 3, 4), None, True, "{x}: rank 4 (shape [1, 1, 3, 4]); expected [batch, seq, 4] or [seq, 4]", id="rank-4"
     ),
-    pytest.param((1, 3, 5), None, False, "{x}: last dimension is 5, expected d_model = 4 (model 'tiny', version 2)", id="d-model"),
-    pytest.param((3, 5), None, True, "{x}: last dimension is 5, expected d_model = 4 (model 'tiny', version 2)", id="d-model-one-seq"),
+    pytest.param(
+        (1, 3, 5), None, False, "{x}: last dimension is 5, expected d_model = 4 (model 'tiny', version 2)", id="d-model"
+    ),
+    pytest.param(
+        (3, 5),
+        None,
+        True,
+        "{x}: last dimension is 5, expected d_model = 4 (model 'tiny', version 2)",
+        id="d-model-one-seq",
+    ),
     pytest.param(
         (1, 7, 4),
         None,
