@@ -142,7 +142,7 @@ def invalid_cases() -> list[GrpcCase]:
         ("eps", request("layernorm", [("input", x)], eps=-1.0), invalid, "parameters.eps: expected a finite number > 0, got -1.0"),
         ("nan", request("layernorm", [("input", nan)]), invalid, "inputs.input: element [0, 1] = nan is outside float32's finite range (|x| <= 3.402823e+38)"),
         ("raw-bytes", bad_bytes, invalid, "inputs.input: raw_input_contents is 20 bytes, but shape [2, 3] of FP32 needs 24"),
-        ("d-model", request("encoder", [("input", np.zeros((1, 2, 3), np.float32))]), invalid, "inputs.input: last dimension is 3, expected d_model = 128"),
+        ("d-model", request("encoder", [("input", np.zeros((1, 2, 3), np.float32))]), invalid, "inputs.input: last dimension is 3, expected d_model = 128 (model 'encoder', version 1)"),
     ]  # fmt: skip
     return [GrpcCase(n, r.SerializeToString(), False, expect_error(c, m)) for n, r, c, m in rows]
 

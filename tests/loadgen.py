@@ -186,7 +186,7 @@ def invalid_cases() -> list[Case]:
             b'{"data": [[1, 2]]}',
             JSON,
             422,
-            "data: last dimension is 2, expected d_model = 128",
+            "data: last dimension is 2, expected d_model = 128 (model 'encoder', version 1)",
         ),
         (
             "unknown-model",

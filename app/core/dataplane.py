@@ -191,6 +191,7 @@ class EncoderLimits:
 
     d_model: int
     max_sequence_length: int
+    model: str  # the model and version, as an error names them: "'encoder', version 1"
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,8 @@ class EncodeInput:
             raise InvalidInput(f"rank {self.x.ndim} (shape {list(self.x.shape)}); expected {expected}", f.x)
         B, T, C = x.shape
         if C != lim.d_model:
-            raise InvalidInput(f"last dimension is {C}, expected d_model = {lim.d_model}", f.x)
+            # Named: with several encoders served, the client may have meant another (or no `model` at all).
+            raise InvalidInput(f"last dimension is {C}, expected d_model = {lim.d_model} (model {lim.model})", f.x)
         if T > lim.max_sequence_length:
             raise InvalidInput(
                 f"sequence length {T} exceeds max_sequence_length {lim.max_sequence_length}"

@@ -60,7 +60,9 @@ class EncoderModel(Model):
         super().__init__(loaded)
         entry, s = loaded.entry, loaded.settings
         self.config = config(entry, loaded.path.parent / MANIFEST)
-        self.limits = EncoderLimits(self.config.d_model, self.config.max_sequence_length)
+        self.limits = EncoderLimits(
+            self.config.d_model, self.config.max_sequence_length, f"{self.name!r}, version {self.version}"
+        )
         self.layer_norms: list[str] = reference.layer_norm_names(self.config)
         if entry.get("layer_norms") != self.layer_norms:
             raise ModelLoadError(

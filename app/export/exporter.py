@@ -104,6 +104,8 @@ def export_encoder(
     say(f"architecture of {name}: {builds.architecture(model.cfg, source)}")
     if "note" in source:
         say(f"note: {source['note']}")
+    if checkpoint is not None and module is None and check is None:
+        say(f"note: {state_dict_note(model.cfg)}")
     root = Path(repository)
     with _writing(root, say), versions.staging(root, name) as folder:
         manifest = builds.build_encoder(folder, name, model, opset, tolerance, say, against)
@@ -115,6 +117,18 @@ def export_encoder(
                 f"check {name}: {manifest['check']['max_abs_diff']:.1e} from {check.output} (tolerance {tolerance:.0e})"
             )
         return _commit(root, name, folder, manifest, None)
+
+
+def state_dict_note(cfg: EncoderConfig) -> str:
+    """What a state_dict export took on trust: a wrong but divisible --num-heads still passes parity, measured
+    against the twin built from the same flags, and serves a model that computes something else."""
+    placement = "pre-LN" if cfg.norm_first else "post-LN"
+    return (
+        f"a state_dict does not record the heads, the activation or the norm placement: {cfg.num_heads} heads, "
+        f"{cfg.activation} and {placement} are taken from the flags (--num-heads, --activation, --pre-ln/--post-ln); "
+        "to check them against your module, pass --check-input X.npy --check-output Y.npy, an input and the output "
+        "your module gave for it"
+    )
 
 
 def _read_encoder(

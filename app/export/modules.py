@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import pickletools
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -181,6 +183,26 @@ def load_checkpoint(model: nn.Module, path: Path) -> None:
     load_state(model, read_state_dict(path), path)
 
 
+def pickled_module(path: Path) -> str | None:
+    """The class of the object a torch.save file holds, when it is a torch.nn module saved whole, else None.
+
+    Read from the pickle's opcodes without running them (the file is not trusted yet): the first class it names
+    is the saved object's, and only a module's pickle names torch.nn's module classes (a state_dict's names
+    OrderedDict and tensors). torch.save writes protocol 2, whose GLOBAL opcodes carry "module name".
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pickle = next((n for n in archive.namelist() if n.endswith("/data.pkl")), None)
+            data = archive.read(pickle) if pickle is not None else b""
+        names = [str(arg).replace(" ", ".") for op, arg, _ in pickletools.genops(data) if op.name == "GLOBAL"]
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return None
+    if not any(name.startswith("torch.nn.modules.") for name in names):
+        return None
+    first = names[0]
+    return f"torch.nn.{first.rpartition('.')[2]}" if first.startswith("torch.nn.modules.") else first
+
+
 def read_state_dict(path: Path) -> dict[str, Tensor]:
     """A state_dict file, loaded with torch.load(weights_only=True): CheckpointError for anything else."""
     try:
@@ -188,6 +210,12 @@ def read_state_dict(path: Path) -> dict[str, Tensor]:
     except OSError:
         raise
     except Exception as e:  # the weights-only unpickler fails on foreign bytes with any error type
+        if (cls := pickled_module(path)) is not None:
+            command = "layernorm" if cls.endswith(".LayerNorm") else "encoder"
+            raise CheckpointError(
+                f"{path}: this is a whole module ({cls}), not a state_dict: use --module "
+                f"(`normserve export {command} --module`)"
+            ) from e
         raise CheckpointError(
             f"{path}: not loadable with torch.load(weights_only=True) ({type(e).__name__}); "
             "expected a file written by torch.save(model.state_dict(), path)"

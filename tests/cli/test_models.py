@@ -97,12 +97,41 @@ def test_a_failed_load_exits_1_with_the_reason(server: str, repository: Path) ->
         shutil.rmtree(folder)
 
 
-def test_an_unreachable_server_exits_2() -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
-    out = run("models", "list", "--url", url)
+@pytest.mark.parametrize("how", ["url", "settings"])
+def test_an_unreachable_server_exits_2_naming_url(how: str) -> None:
+    port = closed_port()
+    url = f"http://127.0.0.1:{port}"
+    where = ["--url", url] if how == "url" else []
+    out = run("models", "list", *where, env={"NORMSERVE_HOST": "127.0.0.1", "NORMSERVE_PORT": str(port)})
     assert (out.returncode, out.stderr) == (
         2,
-        f"normserve models: error: cannot reach {url}/v2/repository/index: [Errno 111] Connection refused\n",
+        f"normserve models: error: cannot reach {url}/v2/repository/index: [Errno 111] Connection refused; give the "
+        "server's address with --url (the default is NORMSERVE_HOST and NORMSERVE_PORT)\n",
+    )
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_the_server_is_where_serve_listens_by_the_same_settings(server: str, host: str) -> None:
+    """NORMSERVE_HOST and NORMSERVE_PORT, as `normserve serve` reads them (a wildcard host is reached on loopback)."""
+    port = server.rpartition(":")[2]
+    env = {"NORMSERVE_HOST": host, "NORMSERVE_PORT": port, "NORMSERVE_ADMIN_TOKEN": TOKEN}
+    out = run("models", "list", env=env)
+    assert (out.returncode, out.stderr, out.stdout.splitlines()[0]) == (
+        0,
+        "",
+        "MODEL      VERSION  STATE        REASON",
+    )
+
+
+@pytest.mark.parametrize("action", [["list"], ["load", "layernorm"]])
+def test_without_the_token_it_says_to_pass_token(server: str, action: list[str]) -> None:
+    out = run("models", *action, "--url", server, env={"NORMSERVE_ADMIN_TOKEN": ""})
+    route = "index" if action == ["list"] else "models/layernorm/load"
+    assert (out.returncode, out.stdout, out.stderr) == (
+        2,
+        "",
+        f"normserve models: error: POST {server}/v2/repository/{route}: HTTP 401: the server requires its admin "
+        "token: pass --token, or set NORMSERVE_ADMIN_TOKEN\n",
     )
 
 

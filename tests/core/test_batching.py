@@ -129,7 +129,7 @@ def _encoder_runs(base: str) -> float:
         (  # fails before it reaches the batcher
             {"data": [[[0.5] * 64] * 16]},
             422,
-            "data: last dimension is 64, expected d_model = 128",
+            "data: last dimension is 64, expected d_model = 128 (model 'encoder', version 1)",
         ),
         (
             {"data": [[[0.5] * 128] * 16], "padding_mask": [[False] * 15]},

@@ -15,7 +15,7 @@ from app.errors import InvalidInput
 from app.server.api.v2.http.codec import FIELDS as V2_FIELDS
 
 PROTOCOLS = [pytest.param(Fields(), id="rest"), pytest.param(V2_FIELDS, id="v2")]
-LIMITS = EncoderLimits(d_model=4, max_sequence_length=6)
+LIMITS = EncoderLimits(d_model=4, max_sequence_length=6, model="'tiny', version 2")
 X = np.arange(6, dtype=np.float64).reshape(2, 3)  # rank 2: k may be 1 or 2
 F32 = np.dtype(np.float32)
 RANGE = "is outside float32's finite range (|x| <= 3.402823e+38)"
@@ -133,8 +133,16 @@ ENCODE_ERRORS = [
     pytest.param(
         (1, 1, 3, 4), None, True, "{x}: rank 4 (shape [1, 1, 3, 4]); expected [batch, seq, 4] or [seq, 4]", id="rank-4"
     ),
-    pytest.param((1, 3, 5), None, False, "{x}: last dimension is 5, expected d_model = 4", id="d-model"),
-    pytest.param((3, 5), None, True, "{x}: last dimension is 5, expected d_model = 4", id="d-model-one-seq"),
+    pytest.param(
+        (1, 3, 5), None, False, "{x}: last dimension is 5, expected d_model = 4 (model 'tiny', version 2)", id="d-model"
+    ),
+    pytest.param(
+        (3, 5),
+        None,
+        True,
+        "{x}: last dimension is 5, expected d_model = 4 (model 'tiny', version 2)",
+        id="d-model-one-seq",
+    ),
     pytest.param(
         (1, 7, 4),
         None,

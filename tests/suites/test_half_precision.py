@@ -392,3 +392,20 @@ def test_fp32_contents_for_fp16_are_rounded_as_json_numbers_are(live: GrpcServer
     got = np.frombuffer(answer.raw_output_contents[output], np.float16)
     x = widen(narrow(np.array(values, np.float32), "FP16", "x"))
     assert float(ulp_errors(got, reference.layer_norm(x[None], 1, 1e-5, "var").output[0], "FP16").max()) <= 1.0
+
+
+def test_tritonclient_reads_json_bf16_outputs_exactly_as_docs_api_md_says(live: GrpcServer) -> None:
+    """docs/api.md section 10 names the type tritonclient's HTTP client reads JSON BF16 numbers into: the
+    ml_dtypes.bfloat16 it sends BF16 in (tritonclient 2.73), which holds every value exactly."""
+    import ml_dtypes
+
+    x = np.array([[1000.0, 1004.0, 1008.0, 1020.0]], dtype=ml_dtypes.bfloat16)
+    inp = th.InferInput("input", list(x.shape), "BF16")
+    inp.set_data_from_numpy(x)
+    client = th.InferenceServerClient(live.base.removeprefix("http://"))
+    outputs = [th.InferRequestedOutput("output", binary_data=False)]
+    got = client.infer("layernorm", [inp], outputs=outputs).as_numpy("output")
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(got.astype(np.float64), [[-1.0703125, -0.53515625, 0.0, 1.6015625]])
+    api = (ROOT / "docs" / "api.md").read_text()
+    assert "(tritonclient reads BF16 numbers into `ml_dtypes.bfloat16`, exactly)" in api

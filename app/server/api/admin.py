@@ -25,12 +25,12 @@ MISSING = "expected `Authorization: Bearer <token>` (NORMSERVE_ADMIN_TOKEN is se
 WHITESPACE = string.whitespace
 
 
-def check_token(values: Sequence[str], settings: Settings) -> None:
+def check_token(values: Sequence[str], settings: Settings, action: str | None = None) -> None:
     """Nothing when the one `authorization` value carries the token: 403 when no token is set or it is wrong,
-    401 without a bearer token or with more than one `authorization` value."""
+    401 without a bearer token or with more than one `authorization` value. action: the load or unload asked."""
     expected = settings.admin_token
     if not expected:
-        raise Forbidden(CLOSED, FIELD)
+        raise Forbidden(closed(settings, action), FIELD)
     if len(values) > 1:
         raise Unauthorized(f"{len(values)} authorization values; {MISSING}", FIELD)
     scheme, _, token = (values[0] if values else "").strip(WHITESPACE).partition(" ")
@@ -40,6 +40,15 @@ def check_token(values: Sequence[str], settings: Settings) -> None:
     # Constant time: how long a wrong guess takes must not tell how much of it was right.
     if not hmac.compare_digest(token.encode(), expected.encode()):
         raise Forbidden("wrong admin token", FIELD)
+
+
+def closed(settings: Settings, action: str | None) -> str:
+    """Why a closed admin route refuses: a load or unload outside explicit mode would be refused by the mode next,
+    so both settings are named at once rather than one after the other."""
+    mode = settings.model_control
+    if action is None or mode == "explicit":
+        return CLOSED
+    return f"{CLOSED}; to {action} models, NORMSERVE_MODEL_CONTROL=explicit as well (it is {mode!r})"
 
 
 def grpc_values(context: Any) -> list[str]:

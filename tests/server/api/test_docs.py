@@ -92,3 +92,11 @@ def test_screenshot_of_the_docs_for_the_readme(docs: tuple[Page, list[str], list
     png = page.screenshot(path=str(target))
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", png[16:24]) == (1280, 900)
+
+
+def test_redoc_is_not_served_and_no_file_says_it_is(server: str) -> None:
+    """ReDoc's bundle loads its logo from a CDN, so the app has no /redoc: pyproject and the docs must not offer it."""
+    assert httpx.get(f"{server}/redoc", timeout=30).status_code == 404
+    files = [ROOT / "pyproject.toml", ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    offering = [str(path.relative_to(ROOT)) for path in files if "/redoc" in path.read_text()]
+    assert not offering, f"these name /redoc, which answers 404: {offering}"

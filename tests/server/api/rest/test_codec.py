@@ -186,8 +186,15 @@ def _large_row(value: float, fields: str) -> bytes:
             "/encode",
             b'{"data": [[1, 2]]}',
             422,
-            "data: last dimension is 2, expected d_model = 128",
+            "data: last dimension is 2, expected d_model = 128 (model 'encoder', version 1)",
             id="wrong-d-model",
+        ),
+        pytest.param(
+            "/encode",
+            b'{"model": "encoder-preln", "data": [[1, 2]]}',
+            422,
+            "data: last dimension is 2, expected d_model = 128 (model 'encoder-preln', version 1)",
+            id="wrong-d-model-names-the-model",
         ),
         pytest.param(
             "/encode",

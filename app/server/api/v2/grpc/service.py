@@ -87,19 +87,19 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
 
     async def RepositoryModelLoad(self, request: Any, context: Any, call: Call) -> Any:
         """As HTTP's load: explicit mode only; done (or failed, with the reason) when it answers."""
-        self._admin(context)
+        self._admin(context, "load")
         name = self._control(request, "load", call)
         await asyncio.to_thread(self.worker.load_model, name)
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: Any, call: Call) -> Any:
-        self._admin(context)
+        self._admin(context, "unload")
         name = self._control(request, "unload", call)
         await asyncio.to_thread(self.worker.unload_model, name)
         return pb.RepositoryModelUnloadResponse()
 
-    def _admin(self, context: Any) -> None:
-        check_token(grpc_values(context), self.worker.settings)
+    def _admin(self, context: Any, action: str | None = None) -> None:
+        check_token(grpc_values(context), self.worker.settings, action)
 
     def _control(self, request: Any, action: str, call: Call) -> str:
         name = check_name(request.model_name, "model_name")

@@ -30,9 +30,11 @@ from app.server.worker import Worker
 router = APIRouter(tags=["v2 repository"], route_class=DirectRoute)
 
 
-async def _admin_body(request: Request, worker: Worker, allowed: dict[str, type]) -> dict[str, Any]:
+async def _admin_body(
+    request: Request, worker: Worker, allowed: dict[str, type], action: str | None = None
+) -> dict[str, Any]:
     """The token, then the optional JSON body: an object whose fields and parameters are the allowed ones."""
-    check_token(request.headers.getlist("authorization"), worker.settings)
+    check_token(request.headers.getlist("authorization"), worker.settings, action)
     body = await read_body(request, worker.settings)
     doc = loads(body, "body") if body.strip() else {}
     if not isinstance(doc, dict):
@@ -66,7 +68,7 @@ async def index(request: Request, worker: Worker) -> Response:
 async def load(name: str, request: Request, worker: Worker) -> Response:
     """Load the versions the model's version_policy selects (sha256, session, parity warm-up), then retire the
     others; 200 once they serve, 400 with the reason when a load fails (what served goes on serving)."""
-    await _admin_body(request, worker, {})
+    await _admin_body(request, worker, {}, "load")
     worker.control.check_explicit("load", check_name(name))
     models = await anyio.to_thread.run_sync(worker.load_model, name)
     serving = sorted(worker.runtime.serving.get(name, {}))
@@ -76,7 +78,7 @@ async def load(name: str, request: Request, worker: Worker) -> Response:
 @router.post("/v2/repository/models/{name}/unload", **openapi.V2_REPOSITORY_CONTROL)
 async def unload(name: str, request: Request, worker: Worker) -> Response:
     """Stop serving every version of the model; requests already running on one finish on it."""
-    await _admin_body(request, worker, {"parameters.unload_dependents": bool})
+    await _admin_body(request, worker, {"parameters.unload_dependents": bool}, "unload")
     worker.control.check_explicit("unload", check_name(name))
     versions = await anyio.to_thread.run_sync(worker.unload_model, name)
     return json_response({"name": name, "unloaded": [str(v) for v in versions]})

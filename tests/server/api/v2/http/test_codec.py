@@ -190,7 +190,7 @@ ERRORS = [
         _json(_fp32([[[1.0, 2.0]]])),
         {},
         400,
-        "inputs.input: last dimension is 2, expected d_model = 128",
+        "inputs.input: last dimension is 2, expected d_model = 128 (model 'encoder', version 1)",
         id="encoder-shape",
     ),
     pytest.param(
