@@ -66,7 +66,7 @@ class Drain:
         """The config of the uvicorn Server whose handlers were wrapped (after install), or None.
 
         uvicorn reads `http_protocol_class` from it for every new connection, so the lifespan may still
-        change it: app/server/heads.py."""
+        change it: app/server/http/heads.py."""
         servers = [getattr(handler, "__self__", None) for handler in self._previous.values()]
         return next((getattr(s, "config") for s in servers if hasattr(s, "config")), None)  # noqa: B009
 

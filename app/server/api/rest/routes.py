@@ -6,9 +6,9 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.server.api.body import read_body, require_json
-from app.server.api.direct import DirectRoute, hot
 from app.server.api.rest import codec, openapi
+from app.server.http.body import read_body, require_json
+from app.server.http.direct import DirectRoute, hot
 from app.server.worker import Worker
 
 router = APIRouter(tags=["normalization"], route_class=DirectRoute)  # no per-request dependency solving

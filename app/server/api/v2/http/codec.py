@@ -21,9 +21,9 @@ from app.core.jsonkeys import check_unique_keys
 from app.core.model import Model, TensorSpec
 from app.core.tensors import binary_view, decode_json_tensor, dumps, loads
 from app.errors import InvalidInput, MalformedBody, shown
-from app.server.api.compression import choose_encoding, compress
 from app.server.api.v2 import rules
 from app.server.api.v2.rules import FIELDS, InferRequest
+from app.server.http.compression import choose_encoding, compress
 from app.settings import Settings
 
 HEADER_LENGTH = "Inference-Header-Content-Length"

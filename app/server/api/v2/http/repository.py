@@ -20,11 +20,11 @@ from app.core.runtime import State
 from app.core.tensors import loads
 from app.errors import InvalidInput, shown
 from app.server.api.admin import check_token
-from app.server.api.body import read_body
-from app.server.api.direct import DirectRoute
-from app.server.api.responses import json_response
 from app.server.api.v2 import config
 from app.server.api.v2.http import openapi
+from app.server.http.body import read_body
+from app.server.http.direct import DirectRoute
+from app.server.http.responses import json_response
 from app.server.worker import Worker
 
 router = APIRouter(tags=["v2 repository"], route_class=DirectRoute)

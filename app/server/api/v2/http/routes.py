@@ -15,11 +15,11 @@ from starlette.responses import Response, StreamingResponse
 from app import __version__
 from app.core.model import Model
 from app.errors import ExtensionNotSupported
-from app.server.api.body import read_body
-from app.server.api.direct import DirectRoute, hot
-from app.server.api.responses import json_response, readiness
 from app.server.api.v2 import rules
 from app.server.api.v2.http import codec, openapi
+from app.server.http.body import read_body
+from app.server.http.direct import DirectRoute, hot
+from app.server.http.responses import json_response, readiness
 from app.server.worker import Worker
 
 router = APIRouter(tags=["v2"], route_class=DirectRoute)  # no dependency solving

@@ -17,9 +17,9 @@ from starlette.responses import Response
 
 from app.errors import MalformedBody
 from app.server.api.admin import check_token
-from app.server.api.body import read_body
-from app.server.api.direct import DirectRoute
-from app.server.api.responses import json_response
+from app.server.http.body import read_body
+from app.server.http.direct import DirectRoute
+from app.server.http.responses import json_response
 from app.server.telemetry import logsettings, tracing
 from app.server.worker import Worker
 

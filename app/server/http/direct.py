@@ -46,7 +46,7 @@ _HOT = "normserve_hot"  # the mark `hot` leaves on an endpoint, read when its Di
 
 
 def hot(endpoint: Endpoint) -> Endpoint:
-    """Marks an endpoint, under its route's decorator, for app/server/hotpath.py: answered outside FastAPI's router."""
+    """Marks an endpoint, under its route's decorator, for app/server/http/hotpath.py: answered outside the router."""
     endpoint.__dict__[_HOT] = True
     return endpoint
 
@@ -62,7 +62,7 @@ class DirectRoute(APIRoute):
         self.direct_endpoint = endpoint
         self.hot: bool = endpoint.__dict__.get(_HOT, False)
         super().__init__(path, _openapi_view(endpoint), **kwargs)
-        # The request -> response function alone, for app/server/hotpath.py, which calls it outside any router.
+        # The request -> response function alone, for app/server/http/hotpath.py, which calls it outside any router.
         self.direct_handler = self.get_route_handler()
 
     # HEAD is answered as GET, as Starlette's own routes do (probes and load balancers send HEAD /v2/health/live):

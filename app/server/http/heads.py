@@ -19,27 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 from typing import Any
 
+from app.server.admission import connection_limit
 from app.settings import Settings
 
 log = logging.getLogger("normserve.connections")
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers; Node's default is 16 KiB, nginx's 32 KiB (4 x 8k)
-FD_RESERVE = 64  # descriptors never given to HTTP connections: model files, logs, the listening sockets
 _431 = b'{"error":"headers: the request head exceeds 65536 bytes"}'
 TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
     b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_431), _431)
 )
-
-
-def connection_limit(settings: Settings) -> int:
-    """NORMSERVE_MAX_CONNECTIONS, within half of the descriptors left after FD_RESERVE (RLIMIT_NOFILE)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return settings.max_connections
-    return max(1, min(settings.max_connections, (soft - FD_RESERVE) // 2))
 
 
 class HeadGuard:
