@@ -48,8 +48,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     polling = asyncio.create_task(poll(worker, starting)) if worker.settings.model_control == "poll" else None
     watching = asyncio.create_task(modelsync.watch(worker.sync, starting, worker.settle)) if worker.sync else None
     worker.drain.install()  # SIGTERM: not ready at once, in-flight requests finish, then uvicorn's shutdown
+    heads.configure(worker.settings)  # head deadline and size, connection limit (app/server/http/heads.py)
     config = worker.drain.server_config()
-    if config is not None:  # uvicorn's: head deadline and size, connection limit (app/server/http/heads.py)
+    if config is not None:  # a bare `uvicorn app.main:app`: its protocol guarded here (normserve serve names it)
         heads.install(config, worker.settings)
     async with grpc_server.serving(worker):  # gRPC on NORMSERVE_GRPC_PORT in this worker, stopped with a grace
         yield
