@@ -16,7 +16,7 @@ from benchmarks.inprocess import sample  # noqa: E402
 from benchmarks.serving import HALF, make_request  # noqa: E402
 
 LOOP = "<module> (uvicorn/__main__.py:4);Server.run (uvicorn/server.py:86);Runner.run (asyncio/runners.py:118)"
-SERVE = f"{LOOP};Worker.serve (app/server/worker.py:176)"
+SERVE = f"{LOOP};DataPlane.infer (app/server/dataplane.py:104)"
 # A worker's py-spy output in its raw format: a stack (root first) and its sample count per line.
 RAW = "\n".join(
     [

@@ -21,10 +21,12 @@ from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
-# Endpoint parameters a DirectRoute fills, besides path parameters: the request and the app's Worker.
+# Endpoint parameters a DirectRoute fills, besides path parameters: the request, the app's Worker (the repository's
+# routes) and its data plane (inference, metadata, statistics).
 _SOURCES: dict[str, Callable[[Request], Any]] = {
     "request": lambda request: request,
     "worker": lambda request: request.app.state.worker,
+    "plane": lambda request: request.app.state.worker.plane,
 }
 
 

@@ -135,7 +135,7 @@ def test_an_unexpected_error_is_the_same_500_with_the_request_id(
         body.close()  # the body's read, never awaited
         raise RuntimeError("a bug on the hot path")
 
-    monkeypatch.setattr(app.state.worker, "serve", broken)
+    monkeypatch.setattr(app.state.worker.plane, "infer", broken)
     logging.getLogger("normserve.errors").disabled = True  # the traceback is expected: keep the output clean
     try:
         fast = answer(app, True, "POST", "/normalize", JSON, b'{"data": [[1.0, 2.0]]}')

@@ -85,9 +85,9 @@ async def unload(name: str, request: Request, worker: Worker) -> Response:
 @router.get("/v2/models/{name}/config", **openapi.V2_CONFIG)
 async def model_config(name: str, worker: Worker) -> Response:
     """Triton's model configuration (what tritonclient's get_model_config returns)."""
-    return json_response(config.to_json(config.model_config(worker.model(name))))
+    return json_response(config.to_json(config.model_config(worker.plane.model(name))))
 
 
 @router.get("/v2/models/{name}/versions/{version}/config", **openapi.V2_CONFIG)
 async def model_version_config(name: str, version: str, worker: Worker) -> Response:
-    return json_response(config.to_json(config.model_config(worker.model(name, version))))
+    return json_response(config.to_json(config.model_config(worker.plane.model(name, version))))

@@ -58,13 +58,13 @@ async def update_trace_setting(request: Request, worker: Worker) -> Response:
 async def model_trace_setting(name: str, request: Request, worker: Worker) -> Response:
     """One model's trace settings: its own values, else the server-wide ones."""
     _authorized(request, worker)
-    return json_response(tracing.STATE.settings.get(worker.model(name).name))
+    return json_response(tracing.STATE.settings.get(worker.plane.model(name).name))
 
 
 @router.post("/v2/models/{name}/trace/setting")
 async def update_model_trace_setting(name: str, request: Request, worker: Worker) -> Response:
     _authorized(request, worker)
-    model = worker.model(name).name
+    model = worker.plane.model(name).name
     return json_response(tracing.STATE.settings.update(await _changes(request, worker), model))
 
 
