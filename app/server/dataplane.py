@@ -95,7 +95,7 @@ class DataPlane:
             arrived = await body if inspect.isawaitable(body) else body
             timer.restart()  # the clock starts once the body is in memory, as Triton's does
             tiny = codec.size(arrived) <= INLINE_BODY_BYTES
-            job = Job(timer, codec, arrived, named or self.model)
+            job = Job(timer, codec, arrived, named, self.model)
             del arrived  # the job holds the body until it is decoded, no one after
             payload = await self._admit(job, tiny, deadline_s)
         except Exception:  # any answer but success counts as a failure; the error handlers still answer it

@@ -50,14 +50,16 @@ class Job(Generic[W, P]):
     """The stages of one request, each marked on its timer in Triton's names: decode (on the event loop for a
     tiny body, or in the thread), then the model's inference and the answer."""
 
-    def __init__(self, timer: InferTimer, codec: Codec[Any, W, P], body: Any, model: Model | Resolve) -> None:
+    def __init__(
+        self, timer: InferTimer, codec: Codec[Any, W, P], body: Any, model: Model | None, resolve: Resolve
+    ) -> None:
         self.timer = timer
         self.codec = codec
         # The body goes once decoded: a 64 MiB request's answer was built while it was still held, 133 MiB
         # above the worker's RSS with the body in at the encode stage, 69 MiB without (in process, /proc VmHWM).
         self._held = [body]
-        self.model = model if isinstance(model, Model) else None  # the model the request named, once known
-        self._resolve = model
+        self.model = model  # the model the request named, once known
+        self._resolve = resolve  # the data plane's: finds the model a body names (codec.target)
         self._decoded: tuple[Any, W] | None = None
 
     def decode(self) -> Model:
@@ -65,7 +67,6 @@ class Job(Generic[W, P]):
         self.timer.mark("queue")
         body = self._held.pop()
         if self.model is None:
-            assert not isinstance(self._resolve, Model)
             self.model = self._resolve(*self.codec.target(body))
         model = self.model
         self._decoded = self.codec.decode(body, model)

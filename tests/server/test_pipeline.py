@@ -39,7 +39,13 @@ def test_a_job_marks_the_four_stages_in_order_and_names_the_model(ready_worker: 
     def encode(wire: str, out: NormalizeOutput) -> tuple[str, tuple[int, ...]]:
         return wire, out.output.shape
 
-    job = Job(timer, Stages(lambda _: (model, NormalizeInput(np.array(SEED003.x)), "wire"), encode), b"", model)
+    job = Job(
+        timer,
+        Stages(lambda _: (model, NormalizeInput(np.array(SEED003.x)), "wire"), encode),
+        b"",
+        model,
+        ready_worker.plane.model,
+    )
     assert timer.marks == {} and timer.model is None  # nothing runs before the job does
     assert job() == ("wire", (2, 3))  # encode gets what decode kept for it and the model's result
     assert list(timer.marks) == list(STAGES)
@@ -75,7 +81,7 @@ def test_a_job_marks_only_the_stages_before_the_one_that_raised(
 
     timer = InferTimer()
     with pytest.raises(InvalidInput):
-        Job(timer, Stages(decode, encode), b"", ready_worker.plane.model)()
+        Job(timer, Stages(decode, encode), b"", None, ready_worker.plane.model)()
     assert list(timer.marks) == marked
     assert timer.model == (None if failing == "decode" else ("layernorm", "1"))
 
@@ -88,7 +94,7 @@ def test_a_job_drops_its_body_once_decoded(ready_worker: Worker) -> None:
         seen.append(len(job._held))  # the body is the codec's alone while it decodes
         return model, NormalizeInput(np.array(SEED003.x)), None
 
-    job = Job(InferTimer(), Stages(decode), bytearray(b"{}"), model)
+    job = Job(InferTimer(), Stages(decode), bytearray(b"{}"), model, ready_worker.plane.model)
     job()
     assert seen == [0] and job._held == []
 
