@@ -33,6 +33,7 @@ from app.server.telemetry.timer import STAGES
 from app.server.worker import Worker
 from app.settings import Settings
 from tests.live_server import MODELS, live_server
+from tests.polling import until
 from tests.repositories import add_version, copy_models
 from tests.server.stages import Stages
 from tests.server.test_worker import MODEL_NAMES, WAIT_S, started
@@ -80,13 +81,6 @@ def through(
 
     size = 0 if inline else INLINE_BODY_BYTES + 1
     return worker.plane.infer(Stages(decode, lambda _, __: results[0], size=size), b"", deadline_s=deadline_s)
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        await asyncio.sleep(0.005)
 
 
 def in_flight_gauge() -> float:

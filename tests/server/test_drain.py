@@ -11,7 +11,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -23,26 +22,10 @@ from prometheus_client import REGISTRY
 from app.errors import NotReady
 from app.server.admission import Admission
 from app.server.drain import DRAIN_SIGNALS, Drain
+from tests.polling import run, until
 
 T = TypeVar("T")
 SIGNALS = pytest.mark.parametrize("sig", DRAIN_SIGNALS, ids=lambda s: signal.Signals(s).name)
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run coro on a new event loop of this (main) thread. Not asyncio.run, which installs a SIGINT handler itself."""
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.run_until_complete(loop.shutdown_default_executor())
-        loop.close()
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        await asyncio.sleep(0.005)
 
 
 def busy(in_flight: int = 1) -> Admission:
