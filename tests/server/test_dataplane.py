@@ -410,12 +410,20 @@ async def wait_admitting(client: httpx.AsyncClient) -> None:
         await asyncio.sleep(0.1)
 
 
+async def admitted(client: httpx.AsyncClient) -> None:
+    """Until the worker counts an inference in flight."""
+    deadline = time.monotonic() + 30
+    while "normserve_inference_requests_in_flight 1.0" not in (await client.get("/metrics")).text:
+        assert time.monotonic() < deadline, "no inference was admitted"
+        await asyncio.sleep(0.01)
+
+
 async def overloaded(base: str) -> tuple[httpx.Response, httpx.Response, float, float]:
     body, headers = slow_request()
     async with httpx.AsyncClient(base_url=base, timeout=60) as client:
         await wait_admitting(client)
         slow = asyncio.ensure_future(client.post(ENC_V2, content=body, headers=headers))
-        await asyncio.sleep(0.2)  # the slow one is admitted and running
+        await admitted(client)  # the slow one is admitted and running
         t0 = time.monotonic()
         refused = await client.post("/normalize", json={"data": [1, 2]})
         refused_after = time.monotonic() - t0

@@ -102,7 +102,7 @@ def test_the_first_signal_drains_and_calls_the_servers_handler_once_idle(
     async def scenario() -> float:
         assert drain.install()
         os.kill(os.getpid(), sig)
-        await asyncio.sleep(0.2)
+        await until(lambda: REGISTRY.get_sample_value("normserve_ready") == 0, "the drain's start on the loop")
         # Draining: not ready and refusing new work at once, while the server itself keeps running.
         assert admission.draining and not admission.accepting and not uvicorn_server.should_exit
         assert REGISTRY.get_sample_value("normserve_ready") == 0  # published on the loop, after the handler
@@ -187,7 +187,7 @@ def test_a_second_signal_goes_straight_to_the_servers_handler(signal_handlers: N
     async def scenario() -> list[tuple[int, bool]]:
         assert drain.install()
         os.kill(os.getpid(), sig)
-        await asyncio.sleep(0.1)
+        await until(lambda: REGISTRY.get_sample_value("normserve_ready") == 0, "the drain's start on the loop")
         assert calls == [] and admission.draining  # the first one only drains
         os.kill(os.getpid(), sig)
         await asyncio.sleep(0)
