@@ -2,7 +2,7 @@
 
 FastAPI solves every route's dependencies per request, ~110 us of CPU on a 5.6 KiB /normalize
 whose own work is ~160 us (measured in process; docs/benchmarks.md). The routes only ever need
-the request, its path parameters and the app's Worker, so this route class binds those by
+the request, its path parameters and the app's data plane or Worker, so this route class binds those by
 parameter name when the route is created and skips the machinery per request. There is no
 `Depends` anywhere, so nothing suggests that `app.dependency_overrides` would apply: a test
 that wants another worker builds an app with `create_app(settings)`.
