@@ -23,7 +23,7 @@ from app.core.dataplane import Fields
 from app.core.halfprecision import HALF_DTYPES, narrow
 from app.core.model import Model, TensorSpec
 from app.core.tensors import DATATYPES, check_finite, check_shape, decode_binary
-from app.errors import InvalidInput, shown
+from app.errors import ExtensionNotSupported, InvalidInput, shown
 from app.settings import Settings
 
 MISSPELT_RATIO = 0.6  # difflib's: "epsilon" vs "eps" is 0.6, "eps_mod" vs "eps_mode" 0.93, "content_type" vs "eps" 0.13
@@ -36,6 +36,10 @@ NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 INTEGER = re.compile(r"[+-]?\d{1,18}")
 # Triton's shared-memory extensions, by their HTTP path segment: not supported (errors.ExtensionNotSupported).
 SHARED_MEMORY = {"systemsharedmemory": "system_shared_memory", "cudasharedmemory": "cuda_shared_memory"}
+# The tensor parameters by which an infer names a registered region (tritonclient's set_shared_memory): of
+# either extension, since the region's name does not say which.
+SHARED_MEMORY_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+SHARED_MEMORY_EXTENSIONS = " or ".join(SHARED_MEMORY.values())
 # Bounds on what a request's parameters may cost: 100,000 unknown names took 5.4 s of difflib and were echoed
 # back as 4.1 MB. A model reads at most 3 and the protocol names 6; clients add a few of their own.
 MAX_PARAMETERS = 64  # more is a 400 naming `parameters`
@@ -173,6 +177,7 @@ def from_numbers(arr: np.ndarray, datatype: str, field: str) -> np.ndarray:
 def tensor_parameters(params: Any, spec: TensorSpec, allowed: tuple[str, ...]) -> dict[str, Any]:
     """An input's own parameters: only the allowed names (HTTP: binary_data_size; gRPC: none)."""
     params = {} if params is None else params  # not `or`: [], 0, "" and false are not objects
+    check_shared_memory(params, f"inputs.{spec.name}", ExtensionNotSupported.READS)
     known = (*allowed, *IGNORED_TENSOR_PARAMETERS)
     if not isinstance(params, dict) or any(k not in known for k in params):
         raise InvalidInput(
@@ -203,6 +208,15 @@ def from_raw(
     return arr
 
 
+def check_shared_memory(params: Any, field: str, why: str) -> None:
+    """A tensor naming a shared-memory region is refused as the registration calls are, naming its parameter:
+    not as parameters unknown to the model, which would hide that the extension itself is missing."""
+    if isinstance(params, dict):
+        for name in SHARED_MEMORY_PARAMETERS:
+            if name in params:
+                raise ExtensionNotSupported(SHARED_MEMORY_EXTENSIONS, f"{field}.parameters.{name}", why)
+
+
 def check_count(count: int, shape: list[int], field: str) -> None:
     """Elements sent inline (JSON `data`, gRPC typed contents) must fill the shape: only the count must match."""
     if count != math.prod(shape):
@@ -221,6 +235,7 @@ def requested_outputs(
         if any(n == name for n, _ in chosen):
             raise InvalidInput("requested twice", f"outputs.{name}")
         params = {} if raw_params is None else raw_params  # not `or`: [], 0, "" and false are not objects
+        check_shared_memory(params, f"outputs.{name}", ExtensionNotSupported.WRITES)
         if not isinstance(params, dict) or any(k not in allowed for k in params):
             only = f"; only {' and '.join(allowed)} {'is' if len(allowed) == 1 else 'are'}" if allowed else ""
             raise InvalidInput(f"parameters {shown(params)} are not supported{only}", f"outputs.{name}")
