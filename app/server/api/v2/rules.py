@@ -21,7 +21,7 @@ import numpy as np
 
 from app.core.dataplane import Fields
 from app.core.halfprecision import HALF_DTYPES, narrow
-from app.core.model import Model, TensorSpec
+from app.core.model import STATISTICS_OF_HALF, Model, TensorSpec
 from app.core.tensors import DATATYPES, check_finite, check_shape, decode_binary
 from app.errors import ExtensionNotSupported, InvalidInput, shown
 from app.settings import Settings
@@ -65,10 +65,11 @@ class InferRequest:
     datatype: str  # of `input`: every output is sent in it unless `output_datatypes` names another
     outputs: list[tuple[str, bool]]  # the outputs to send, in order, and whether each goes binary (HTTP)
     ignored: tuple[str, ...] = ()  # request parameters no model reads: answered back in the response's parameters
-    output_datatypes: dict[str, str] = field(default_factory=dict)  # outputs[i].parameters.datatype, where asked
+    # outputs[i].parameters.datatype where asked, and the statistics of a half-precision input (output_datatypes)
+    output_datatypes: dict[str, str] = field(default_factory=dict)
 
     def datatype_of(self, name: str) -> str:
-        """The datatype an output is sent in: the one asked for it, else the input's."""
+        """The datatype an output is sent in: the one asked for it (or a half input's statistic's), else the input's."""
         return self.output_datatypes.get(name, self.datatype)
 
     @property
@@ -246,15 +247,16 @@ def requested_outputs(
     return chosen or [(n, binary_default) for n in names]  # none named: every output, as Triton does
 
 
-def output_datatypes(entries: Iterable[tuple[Any, Any]], model: Model) -> dict[str, str]:
-    """The datatype asked for each output (its parameters.datatype), by name; after `requested_outputs`."""
+def output_datatypes(entries: Iterable[tuple[Any, Any]], model: Model, datatype: str) -> dict[str, str]:
+    """The datatype asked for each output (its parameters.datatype), by name, after `requested_outputs`; with a
+    half-precision input, STATISTICS_OF_HALF for the statistics not asked."""
     specs = {t.name: t for t in model.outputs}
-    asked = {}
+    asked = {t.name: STATISTICS_OF_HALF for t in model.outputs if t.statistic} if datatype in HALF_DTYPES else {}
     for name, params in entries:
-        datatype = params.get("datatype") if isinstance(params, dict) else None
-        if datatype is not None:
-            check_datatype(datatype, specs[name], f"outputs.{name}.parameters.datatype")
-            asked[name] = datatype
+        wanted = params.get("datatype") if isinstance(params, dict) else None
+        if wanted is not None:
+            check_datatype(wanted, specs[name], f"outputs.{name}.parameters.datatype")
+            asked[name] = wanted
     return asked
 
 
