@@ -81,11 +81,11 @@ class ExtensionNotSupported(NormserveError):
     HTTP answers 400, as Triton answers a request it cannot serve; gRPC has a code of its own for it, UNIMPLEMENTED
     (app/server/api/v2/grpc/calls.py)."""
 
-    def __init__(self, extension: str) -> None:
-        super().__init__(
-            f"the {extension} extension is not supported: normserve reads every tensor from the request itself "
-            "(binary data over HTTP, raw_input_contents over gRPC)"
-        )
+    READS = "normserve reads every tensor from the request itself (binary data over HTTP, raw_input_contents over gRPC)"
+    WRITES = "normserve writes every output into the response (binary data over HTTP, raw_output_contents over gRPC)"
+
+    def __init__(self, extension: str, field: str | None = None, why: str = READS) -> None:
+        super().__init__(f"the {extension} extension is not supported: {why}", field)
         self.extension = extension
 
 

@@ -8,6 +8,9 @@
 #               (scripts/build-image.sh; tests/suites/test_container.py, test_compose.py, test_kube_play.py):
 #               runc where crun refuses hybrid cgroups, catatonit for the pods of `podman kube play`, debootstrap
 #               for a Debian base when python:3.11-slim cannot be pulled
+#   golang-github-containernetworking-plugin-dnsname  the CNI plugin by which the containers of
+#               `podman-compose up` (tests/suites/test_compose.py) find each other by service name (nginx's
+#               upstream `normserve`), where podman's network backend is CNI (Debian 12's podman 4.3)
 set -euo pipefail
 need=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
@@ -17,6 +20,7 @@ command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
 command -v catatonit >/dev/null 2>&1 || [ -x /usr/libexec/podman/catatonit ] || need+=(catatonit)
 command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
+[ -x /usr/lib/cni/dnsname ] || need+=(golang-github-containernetworking-plugin-dnsname)
 if ((${#need[@]})); then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"

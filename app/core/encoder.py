@@ -77,7 +77,7 @@ class EncoderModel(Model):
             TensorSpec("input", FLOAT, (-1, -1, d)),
             TensorSpec("padding_mask", ("BOOL",), (-1, -1), optional=True),
         )
-        stats = tuple(TensorSpec(n, FLOAT, (-1, -1)) for n in self.output_names[1:])
+        stats = tuple(TensorSpec(n, FLOAT, (-1, -1), statistic=True) for n in self.output_names[1:])
         self.outputs = (TensorSpec("output", FLOAT, (-1, -1, d)), *stats)
         self.batching = batching(loaded)
         self.batcher = None

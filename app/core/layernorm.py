@@ -100,8 +100,8 @@ class LayerNormModel(Model):
         )
         self.outputs = (
             TensorSpec("output", FLOAT, batch + trailing),
-            TensorSpec("mean", FLOAT, batch),
-            TensorSpec("inv_std_dev", FLOAT, batch),
+            TensorSpec("mean", FLOAT, batch, statistic=True),
+            TensorSpec("inv_std_dev", FLOAT, batch, statistic=True),
         )
 
     def request(

@@ -33,6 +33,10 @@ RunObserver = Callable[[str, str, float, int, bool], None]
 # Accepted for float inputs and outputs: FP64 is cast once to float32, FP16 and BF16 widened exactly (and an
 # output in them rounded once, app/core/halfprecision.py). Metadata reports the first.
 FLOAT = ("FP32", "FP64", "FP16", "BF16")
+# A statistic (mean, inv_std_dev, an encoder's per-LayerNorm ones) of an FP16 or BF16 input is answered in FP32, as
+# onnxruntime's LayerNormalization types its Mean and InvStdDev (stash_type): in FP16 an inv_std_dev over 65504
+# (eps=1e-12 on a constant row: 1e6) was refused, and the `output` of the same request fits.
+STATISTICS_OF_HALF = "FP32"
 PLATFORM = "onnxruntime_onnx"
 
 
@@ -44,6 +48,7 @@ class TensorSpec:
     datatypes: tuple[str, ...]  # accepted on input; metadata reports the first
     shape: tuple[int, ...]
     optional: bool = False
+    statistic: bool = False  # an output in STATISTICS_OF_HALF for a half-precision input, unless another is asked
 
     def metadata(self) -> dict[str, Any]:
         return {"name": self.name, "datatype": self.datatypes[0], "shape": list(self.shape)}

@@ -148,14 +148,15 @@ def test_the_encoder_rounds_its_float32_answer_once(live: GrpcServer, send: Send
 @pytest.mark.parametrize(
     ("sent", "asked", "answered"),
     [
-        ("FP16", {}, {"output": "FP16", "mean": "FP16", "inv_std_dev": "FP16"}),
-        ("BF16", {"mean": "FP64"}, {"output": "BF16", "mean": "FP64", "inv_std_dev": "BF16"}),
+        ("FP16", {}, {"output": "FP16", "mean": "FP32", "inv_std_dev": "FP32"}),
+        ("BF16", {"mean": "FP64"}, {"output": "BF16", "mean": "FP64", "inv_std_dev": "FP32"}),
+        ("BF16", {"mean": "BF16"}, {"output": "BF16", "mean": "BF16", "inv_std_dev": "FP32"}),
         ("FP32", {"output": "FP16"}, {"output": "FP16", "mean": "FP32", "inv_std_dev": "FP32"}),
-        ("FP16", {"output": "FP32", "inv_std_dev": "BF16"}, {"output": "FP32", "mean": "FP16", "inv_std_dev": "BF16"}),
+        ("FP16", {"output": "FP32", "inv_std_dev": "BF16"}, {"output": "FP32", "mean": "FP32", "inv_std_dev": "BF16"}),
         ("FP64", {"output": "BF16"}, {"output": "BF16", "mean": "FP64", "inv_std_dev": "FP64"}),
     ],
 )
-def test_outputs_come_in_the_inputs_datatype_unless_another_is_asked(
+def test_outputs_come_in_the_inputs_datatype_statistics_of_half_inputs_in_fp32_unless_another_is_asked(
     live: GrpcServer, sent: str, asked: dict[str, str], answered: dict[str, str]
 ) -> None:
     x = narrow(np.array([[0.1, 0.2, 0.35, 1000.5], [3.0, -1.0, 2.5, 7.0]]), "BF16", "x")  # exact in every type
@@ -174,6 +175,39 @@ def test_outputs_come_in_the_inputs_datatype_unless_another_is_asked(
             assert float(ulp_errors(narrow(values, datatype, name), truth[name].ravel(), datatype).max()) <= 1.0
         else:
             np.testing.assert_allclose(values, truth[name].ravel(), rtol=1e-6, atol=2e-6)
+
+
+def _statistics_of_a_constant_row(live: GrpcServer, module: Any, datatype: str) -> dict[str, tuple[str, np.ndarray]]:
+    """tritonclient's default request: no outputs named, so every one comes back."""
+    x = narrow(np.array([[3.0, 3.0, 3.0, 3.0], [0.1, 0.2, 0.35, 1000.5]]), datatype, "x")
+    grpc_client = module is tg
+    client = module.InferenceServerClient(live.address if grpc_client else live.base.removeprefix("http://"))
+    tensor = module.InferInput("input", list(x.shape), datatype)
+    tensor.set_data_from_numpy(x)
+    answer = client.infer("layernorm", [tensor], parameters={"eps": 1e-12})
+    client.close()
+    outputs = (answer.get_response(as_json=True) if grpc_client else answer.get_response())["outputs"]
+    return {o["name"]: (o["datatype"], answer.as_numpy(o["name"])) for o in outputs}
+
+
+@pytest.mark.parametrize("module", [th, tg], ids=["tritonclient-http", "tritonclient-grpc"])
+@pytest.mark.parametrize("datatype", list(HALF_DTYPES))
+def test_statistics_of_a_half_precision_input_come_in_fp32_where_inv_std_dev_does_not_fit_fp16(
+    live: GrpcServer, module: Any, datatype: str
+) -> None:
+    """A constant row at eps=1e-12 has inv_std_dev 1e6, beyond FP16's 65504: as onnxruntime's LayerNormalization
+    types Mean and InvStdDev, the statistics are FP32 whatever the half type; `output` stays in it."""
+    got = _statistics_of_a_constant_row(live, module, datatype)
+    assert {n: (t, a.dtype) for n, (t, a) in got.items()} == {
+        "output": (datatype, HALF_DTYPES[datatype]),
+        "mean": ("FP32", np.float32),
+        "inv_std_dev": ("FP32", np.float32),
+    }
+    x = widen(narrow(np.array([[3.0, 3.0, 3.0, 3.0], [0.1, 0.2, 0.35, 1000.5]]), datatype, "x"))
+    ref = reference.layer_norm(x, 1, 1e-12, "var")
+    assert float(ulp_errors(got["output"][1], ref.output, datatype).max()) <= 1.0
+    np.testing.assert_allclose(got["mean"][1], ref.mean, rtol=1e-6)
+    np.testing.assert_allclose(got["inv_std_dev"][1], 1 / np.sqrt(ref.var + 1e-12), rtol=1e-6)
 
 
 # ---- /normalize and /encode: "dtype" ------------------------------------------------------------------------------

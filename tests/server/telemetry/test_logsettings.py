@@ -16,6 +16,7 @@ from app.server.telemetry import logsettings
 def restore_levels() -> Iterator[None]:
     saved = {name: logging.getLogger(name).level for name in logsettings.LOGGERS}
     yield
+    logsettings.update({"log_verbose_level": 0})  # nothing hidden
     for name, level in saved.items():
         logging.getLogger(name).setLevel(level)
 
@@ -76,3 +77,40 @@ def test_what_no_level_expresses_is_refused_and_changes_nothing(changes: dict[st
     with pytest.raises(InvalidInput) as e:
         logsettings.update({"log_verbose_level": 1, **changes})
     assert e.value.message == message and logsettings.level() == logging.INFO
+
+
+@pytest.mark.parametrize(
+    ("start", "switches", "shown"),
+    [
+        (logging.WARNING, (1, False, True, True), ("debug", "warning", "error", "critical")),
+        (logging.ERROR, (1, False, False, True), ("debug", "error", "critical")),
+        (logging.CRITICAL, (1, False, False, False), ("debug", "critical")),
+        (logging.INFO, (1, True, True, True), ("debug", "info", "warning", "error", "critical")),
+    ],
+    ids=["warning", "error", "critical", "info"],
+)
+def test_verbose_alone_turns_on_debug_and_leaves_the_other_switches_as_they_were(
+    start: int, switches: tuple[int, bool, bool, bool], shown: tuple[str, ...]
+) -> None:
+    """As Triton's log_verbose_level: independent of log_info, so a server at warning needs no log_info to go verbose."""
+    keys = ("log_verbose_level", "log_info", "log_warning", "log_error")
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.levelname.lower())  # type: ignore[method-assign]
+    logger = logging.getLogger("normserve")
+    logger.addHandler(handler)
+    try:
+        logger.setLevel(start)
+        settings = logsettings.update({"log_verbose_level": 1})
+        assert tuple(settings[k] for k in keys) == switches
+        assert logsettings.get() == settings
+        child = logging.getLogger("normserve.lifecycle")
+        for severity in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL):
+            child.log(severity, "line")
+        assert tuple(lines) == shown
+        assert logging.getLogger(logsettings.ACCESS).isEnabledFor(logging.INFO) == switches[1]  # access lines: info
+        quiet = logsettings.update({"log_verbose_level": 0})
+        assert tuple(quiet[k] for k in keys) == (0, *switches[1:]) and logsettings.level() == start
+        assert logging.getLogger(logsettings.ACCESS).isEnabledFor(logging.INFO) == switches[1]
+    finally:
+        logger.removeHandler(handler)

@@ -16,6 +16,8 @@ from app.core.repository import DEFAULT_POLICY
 
 BACKEND = "onnxruntime"
 DATATYPES_PARAMETER = "datatypes"  # the config's parameter that lists what FP32 tensors also take
+# The config's parameter that names the outputs a half-precision input gets in FP32 (its statistics: model.py).
+STATISTICS_PARAMETER = "fp32_outputs_of_half_inputs"
 _INT64_FIELDS = ("dims", "versions", "max_queue_delay_microseconds", "preferred_batch_size")
 
 
@@ -34,6 +36,9 @@ def model_config(model: Model) -> Any:
         config.output.add(name=spec.name, data_type=_data_type(spec), dims=spec.shape)
     # data_type holds one datatype: every TYPE_FP32 tensor also takes (and answers in) the others of FLOAT.
     config.parameters[DATATYPES_PARAMETER].string_value = ",".join(FLOAT)
+    statistics = [spec.name for spec in model.outputs if spec.statistic]
+    if statistics:  # unless a request asks another datatype for them
+        config.parameters[STATISTICS_PARAMETER].string_value = ",".join(statistics)
     json_format.ParseDict({"version_policy": model.version_policy or DEFAULT_POLICY}, config)
     batching = getattr(model, "batching", None)
     if batching and batching["max_batch_size"] > 1:

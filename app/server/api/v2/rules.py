@@ -21,9 +21,9 @@ import numpy as np
 
 from app.core.dataplane import Fields
 from app.core.halfprecision import HALF_DTYPES, narrow
-from app.core.model import Model, TensorSpec
+from app.core.model import STATISTICS_OF_HALF, Model, TensorSpec
 from app.core.tensors import DATATYPES, check_finite, check_shape, decode_binary
-from app.errors import InvalidInput, shown
+from app.errors import ExtensionNotSupported, InvalidInput, shown
 from app.settings import Settings
 
 MISSPELT_RATIO = 0.6  # difflib's: "epsilon" vs "eps" is 0.6, "eps_mod" vs "eps_mode" 0.93, "content_type" vs "eps" 0.13
@@ -38,6 +38,10 @@ NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
 # Triton's shared-memory extensions, by their HTTP path segment: not supported (errors.ExtensionNotSupported).
 SHARED_MEMORY = {"systemsharedmemory": "system_shared_memory", "cudasharedmemory": "cuda_shared_memory"}
+# The tensor parameters by which an infer names a registered region (tritonclient's set_shared_memory): of
+# either extension, since the region's name does not say which.
+SHARED_MEMORY_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+SHARED_MEMORY_EXTENSIONS = " or ".join(SHARED_MEMORY.values())
 # Bounds on what a request's parameters may cost: 100,000 unknown names took 5.4 s of difflib and were echoed
 # back as 4.1 MB. A model reads at most 3 and the protocol names 6; clients add a few of their own.
 MAX_PARAMETERS = 64  # more is a 400 naming `parameters`
@@ -63,10 +67,11 @@ class InferRequest:
     datatype: str  # of `input`: every output is sent in it unless `output_datatypes` names another
     outputs: list[tuple[str, bool]]  # the outputs to send, in order, and whether each goes binary (HTTP)
     ignored: tuple[str, ...] = ()  # request parameters no model reads: answered back in the response's parameters
-    output_datatypes: dict[str, str] = field(default_factory=dict)  # outputs[i].parameters.datatype, where asked
+    # outputs[i].parameters.datatype where asked, and the statistics of a half-precision input (output_datatypes)
+    output_datatypes: dict[str, str] = field(default_factory=dict)
 
     def datatype_of(self, name: str) -> str:
-        """The datatype an output is sent in: the one asked for it, else the input's."""
+        """The datatype an output is sent in: the one asked for it (or a half input's statistic's), else the input's."""
         return self.output_datatypes.get(name, self.datatype)
 
     @property
@@ -175,6 +180,7 @@ def from_numbers(arr: np.ndarray, datatype: str, field: str) -> np.ndarray:
 def tensor_parameters(params: Any, spec: TensorSpec, allowed: tuple[str, ...]) -> dict[str, Any]:
     """An input's own parameters: only the allowed names (HTTP: binary_data_size; gRPC: none)."""
     params = {} if params is None else params  # not `or`: [], 0, "" and false are not objects
+    check_shared_memory(params, f"inputs.{spec.name}", ExtensionNotSupported.READS)
     known = (*allowed, *IGNORED_TENSOR_PARAMETERS)
     if not isinstance(params, dict) or any(k not in known for k in params):
         raise InvalidInput(
@@ -205,6 +211,15 @@ def from_raw(
     return arr
 
 
+def check_shared_memory(params: Any, field: str, why: str) -> None:
+    """A tensor naming a shared-memory region is refused as the registration calls are, naming its parameter:
+    not as parameters unknown to the model, which would hide that the extension itself is missing."""
+    if isinstance(params, dict):
+        for name in SHARED_MEMORY_PARAMETERS:
+            if name in params:
+                raise ExtensionNotSupported(SHARED_MEMORY_EXTENSIONS, f"{field}.parameters.{name}", why)
+
+
 def check_count(count: int, shape: list[int], field: str) -> None:
     """Elements sent inline (JSON `data`, gRPC typed contents) must fill the shape: only the count must match."""
     if count != math.prod(shape):
@@ -223,6 +238,7 @@ def requested_outputs(
         if any(n == name for n, _ in chosen):
             raise InvalidInput("requested twice", f"outputs.{name}")
         params = {} if raw_params is None else raw_params  # not `or`: [], 0, "" and false are not objects
+        check_shared_memory(params, f"outputs.{name}", ExtensionNotSupported.WRITES)
         if not isinstance(params, dict) or any(k not in allowed for k in params):
             only = f"; only {' and '.join(allowed)} {'is' if len(allowed) == 1 else 'are'}" if allowed else ""
             raise InvalidInput(f"parameters {shown(params)} are not supported{only}", f"outputs.{name}")
@@ -233,15 +249,16 @@ def requested_outputs(
     return chosen or [(n, binary_default) for n in names]  # none named: every output, as Triton does
 
 
-def output_datatypes(entries: Iterable[tuple[Any, Any]], model: Model) -> dict[str, str]:
-    """The datatype asked for each output (its parameters.datatype), by name; after `requested_outputs`."""
+def output_datatypes(entries: Iterable[tuple[Any, Any]], model: Model, datatype: str) -> dict[str, str]:
+    """The datatype asked for each output (its parameters.datatype), by name, after `requested_outputs`; with a
+    half-precision input, STATISTICS_OF_HALF for the statistics not asked."""
     specs = {t.name: t for t in model.outputs}
-    asked = {}
+    asked = {t.name: STATISTICS_OF_HALF for t in model.outputs if t.statistic} if datatype in HALF_DTYPES else {}
     for name, params in entries:
-        datatype = params.get("datatype") if isinstance(params, dict) else None
-        if datatype is not None:
-            check_datatype(datatype, specs[name], f"outputs.{name}.parameters.datatype")
-            asked[name] = datatype
+        wanted = params.get("datatype") if isinstance(params, dict) else None
+        if wanted is not None:
+            check_datatype(wanted, specs[name], f"outputs.{name}.parameters.datatype")
+            asked[name] = wanted
     return asked
 
 

@@ -305,25 +305,31 @@ def test_inline_numbers_beyond_the_half_range_are_refused_naming_the_tensor() ->
 
 
 @pytest.mark.parametrize(
-    ("entries", "expected"),
+    ("entries", "datatype", "expected"),
     [
-        ([], {}),
+        ([], "FP32", {}),
         (
             [("mean", {"datatype": "FP64"}), ("output", {"datatype": "BF16", "binary_data": True})],
+            "FP32",
             {"mean": "FP64", "output": "BF16"},
         ),
-        ([("output", None), ("inv_std_dev", {})], {}),
+        ([("output", None), ("inv_std_dev", {})], "FP64", {}),
+        # a half-precision input's statistics: FP32, as onnxruntime's LayerNormalization types them; asked, as asked
+        ([], "FP16", {"mean": "FP32", "inv_std_dev": "FP32"}),
+        ([("output", None), ("inv_std_dev", {})], "BF16", {"mean": "FP32", "inv_std_dev": "FP32"}),
+        ([("mean", {"datatype": "FP16"})], "FP16", {"mean": "FP16", "inv_std_dev": "FP32"}),
+        ([("output", {"datatype": "FP32"})], "BF16", {"output": "FP32", "mean": "FP32", "inv_std_dev": "FP32"}),
     ],
 )
 def test_output_datatypes_are_read_from_each_outputs_parameters(
-    runtime: Runtime, entries: Any, expected: dict[str, str]
+    runtime: Runtime, entries: Any, datatype: str, expected: dict[str, str]
 ) -> None:
-    assert rules.output_datatypes(entries, runtime.get("layernorm")) == expected
+    assert rules.output_datatypes(entries, runtime.get("layernorm"), datatype) == expected
 
 
 def test_an_output_datatype_the_output_does_not_take_is_refused(runtime: Runtime) -> None:
     entries = [("output", {"datatype": "FP8"})]
-    assert _refused(rules.output_datatypes, entries, runtime.get("layernorm")) == (
+    assert _refused(rules.output_datatypes, entries, runtime.get("layernorm"), "FP32") == (
         "outputs.output.parameters.datatype: datatype 'FP8' is not supported; expected FP32, FP64, FP16 or BF16"
     )
 

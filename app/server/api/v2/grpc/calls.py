@@ -29,6 +29,7 @@ from app.errors import (
     NormserveError,
     NotReady,
     Overloaded,
+    PayloadTooLarge,
     printable,
     status_for,
 )
@@ -107,13 +108,17 @@ def gated(budget: Budget, reserve: int, timeout_s: float, handle: Callable[[Any,
         except BaseException:
             budget.give(reserve)
             raise
+        if request is None:
+            # grpc refused the message itself (over grpc.max_receive_message_length, also after decompression) and
+            # has answered the client RESOURCE_EXHAUSTED with its own text: the call is recorded as the client saw it.
+            budget.give(reserve)
+            too_large = PayloadTooLarge(f"body exceeds {reserve} bytes (NORMSERVE_MAX_BODY_BYTES)", "body")
+            return await handle(Refused(too_large), context)
         # Its real size stays counted until the call ends: grpc holds the message while it sends the answer.
-        size = 0 if request is None else int(request.ByteSize())
+        size = int(request.ByteSize())
         budget.give(reserve - size)
         context.add_done_callback(lambda _: budget.give(size))
-        return await handle(
-            Undecodable("inference.ModelInferRequest", 0, "no message") if request is None else request, context
-        )
+        return await handle(request, context)
 
     return read_then_handle
 

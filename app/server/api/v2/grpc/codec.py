@@ -79,7 +79,7 @@ def decode(request: Any, model: Model, settings: Settings) -> InferRequest:
     tensors, datatype = _inputs(request, model, settings)
     entries = [(o.name, parameter_values(o.parameters)) for o in request.outputs]
     outputs = rules.requested_outputs(entries, model, False, ("datatype",))
-    asked = rules.output_datatypes(entries, model)
+    asked = rules.output_datatypes(entries, model, datatype)
     req = InferRequest(request.id or None, None, datatype, outputs, rules.ignored(params, model), asked)
     return dataclasses.replace(req, input=model.from_tensors(tensors, params, FIELDS, req.dtype))
 

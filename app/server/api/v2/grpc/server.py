@@ -14,10 +14,14 @@ extension), any other to UNIMPLEMENTED. Server reflection (grpc.reflection.v1alp
 describes both services, so that `grpcurl list` and `grpcurl describe` work without the .proto files.
 ModelInfer and ModelStreamInfer get wire.py's serializers, which append raw outputs without copies.
 Messages larger than NORMSERVE_MAX_BODY_BYTES, also after decompression, are refused by grpc itself
-with RESOURCE_EXHAUSTED before any handler runs. A connection that completes no handshake within
-NORMSERVE_HEADER_TIMEOUT_S is closed, as is one idle for IDLE_MS; connections are limited as HTTP's are
-(app/server/admission.py), streams per connection and RPCs at once too, which bounds the messages grpc
-buffers before the budget of body bytes in flight counts them (app/server/budget.py).
+with RESOURCE_EXHAUSTED and its own text ("Received message larger than max (N vs. M)") before any handler
+reads them: grpc checks the length a message announces before it buffers the message (a 300 MB one to a
+1 MB limit: +1 MB of server RSS; with no limit, +927 MB), so the limit stays grpc's and its text with it.
+ModelInfer's handler records such a call as the client saw it (calls.gated).
+A connection that completes no handshake within NORMSERVE_HEADER_TIMEOUT_S is closed, as is one idle for
+IDLE_MS; connections are limited as HTTP's are (app/server/admission.py), streams per connection and RPCs at
+once too, which bounds the messages grpc buffers before the budget of body bytes in flight counts them
+(app/server/budget.py).
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ def decode(body: bytearray, header_length: str | None, model: Model, settings: S
     lists = isinstance(entries, list) and any(isinstance(e, dict) and isinstance(e.get("data"), list) for e in entries)
     may_hold_bools = lists and (body.find(b"true", 0, len(head)) >= 0 or body.find(b"false", 0, len(head)) >= 0)
     tensors, datatype = _inputs(doc.get("inputs"), binary, model, settings, may_hold_bools)
-    outputs, asked = _requested_outputs(doc.get("outputs"), model, params.get("binary_data_output", False))
+    outputs, asked = _requested_outputs(doc.get("outputs"), model, params.get("binary_data_output", False), datatype)
     check_unique_keys(body, len(head))  # last, when the header is known to hold only numbers besides the fields
     req = InferRequest(request_id, None, datatype, outputs, rules.ignored(params, model), asked)
     return dataclasses.replace(req, input=model.from_tensors(tensors, params, FIELDS, req.dtype))
@@ -190,13 +190,15 @@ def _from_json(
     return rules.from_numbers(arr.reshape(shape), datatype, field)
 
 
-def _requested_outputs(raw: Any, model: Model, binary_default: bool) -> tuple[list[tuple[str, bool]], dict[str, str]]:
-    """The outputs to send (name, binary) and the datatypes asked for some of them."""
+def _requested_outputs(
+    raw: Any, model: Model, binary_default: bool, datatype: str
+) -> tuple[list[tuple[str, bool]], dict[str, str]]:
+    """The outputs to send (name, binary) and the datatypes of those not sent in the input's (`datatype`)."""
     if raw is not None and not isinstance(raw, list):
         raise InvalidInput("expected a list of {name, parameters}", "outputs")
     entries = [(e.get("name"), e.get("parameters")) if isinstance(e, dict) else (None, None) for e in raw or []]
     outputs = rules.requested_outputs(entries, model, binary_default, ("binary_data", "datatype"))
-    return outputs, rules.output_datatypes(entries, model)
+    return outputs, rules.output_datatypes(entries, model, datatype)
 
 
 def encode(model: Model, req: InferRequest, result: Any, accept_encoding: str | None) -> EncodedResponse:

@@ -205,3 +205,16 @@ def test_a_gated_message_that_does_not_arrive_in_time_is_a_body_timeout_and_give
     request, _, _ = gated_call(budget, one_message(30, delay_s=1.0), timeout_s=0.05)
     assert isinstance(request, calls.Refused) and budget.used == 0
     assert request.error().message == "request: did not arrive in full within 0.05 s (NORMSERVE_BODY_TIMEOUT_S)"
+
+
+async def no_message() -> Any:
+    return
+    yield  # an async generator that ends at once: what grpc leaves a handler after refusing an oversized message
+
+
+def test_a_gated_call_grpc_refused_as_too_large_is_resource_exhausted_and_gives_its_room_back() -> None:
+    budget = Budget(100)
+    request, _, _ = gated_call(budget, no_message())
+    assert isinstance(request, calls.Refused) and budget.used == 0
+    assert calls.code_for(request.error()) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert request.error().message == "body: body exceeds 100 bytes (NORMSERVE_MAX_BODY_BYTES)"

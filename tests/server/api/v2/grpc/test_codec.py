@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2 as pb
 from app.core import reference
 from app.core.halfprecision import HALF_DTYPES, narrow, ulp_errors, widen
 from app.core.runtime import Runtime
-from app.errors import InvalidInput
+from app.errors import ExtensionNotSupported, InvalidInput
 from app.server.api.v2.grpc import codec
 from app.server.api.v2.grpc.wire import serialize_infer
 from app.server.api.v2.http import codec as http_codec
@@ -118,12 +118,12 @@ def test_a_request_breaking_a_rule_is_refused_with_its_field(runtime: Runtime, r
             "inputs.input.contents.fp32_contents: 5 elements, but shape [2, 3] needs 6",
         ),
         (
-            lambda t: setattr(t.parameters["shared_memory_region"], "string_param", "region0"),
-            "inputs.input: parameters {'shared_memory_region': 'region0'} are not supported; "
+            lambda t: setattr(t.parameters["binary_data"], "bool_param", True),
+            "inputs.input: parameters {'binary_data': True} are not supported; "
             "only binary_data_size or content_type is",
         ),
     ],
-    ids=["wrong-typed-field", "count", "shared-memory"],
+    ids=["wrong-typed-field", "count", "unknown-parameter"],
 )
 def test_typed_contents_must_be_the_datatypes_field_and_fill_the_shape(
     runtime: Runtime, fill: Any, message: str
@@ -135,6 +135,18 @@ def test_typed_contents_must_be_the_datatypes_field_and_fill_the_shape(
     with pytest.raises(InvalidInput) as e:
         decode(runtime, r)
     assert e.value.message == message
+
+
+@pytest.mark.parametrize("name", ["shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"])
+def test_a_shared_memory_region_is_refused_naming_the_extension(runtime: Runtime, name: str) -> None:
+    r = request(raw=[X.tobytes()])
+    r.inputs[0].parameters[name].string_param = "region0"
+    with pytest.raises(ExtensionNotSupported) as e:
+        decode(runtime, r)
+    assert e.value.message == (
+        f"inputs.input.parameters.{name}: the system_shared_memory or cuda_shared_memory extension is not supported: "
+        "normserve reads every tensor from the request itself (binary data over HTTP, raw_input_contents over gRPC)"
+    )
 
 
 def test_raw_and_typed_contents_together_are_refused(runtime: Runtime) -> None:
@@ -191,10 +203,13 @@ def test_half_precision_raw_input_answers_raw_in_its_datatype(runtime: Runtime, 
     np.testing.assert_array_equal(req.input.x, widen(half))  # widened exactly
     assert (req.datatype, req.input.dtype) == (datatype, datatype)
     response = pb.ModelInferResponse.FromString(serialize_infer(codec.encode(model, req, model.infer(req.input))))
+    # the statistics in FP32, as onnxruntime's LayerNormalization types them
     assert [(o.name, o.datatype) for o in response.outputs] == [
-        (n, datatype) for n in ("output", "mean", "inv_std_dev")
+        ("output", datatype),
+        ("mean", "FP32"),
+        ("inv_std_dev", "FP32"),
     ]
-    assert [len(raw) for raw in response.raw_output_contents] == [12, 4, 4]  # 2 bytes per element
+    assert [len(raw) for raw in response.raw_output_contents] == [12, 8, 8]  # 2 bytes per element, then 4
     output = np.frombuffer(response.raw_output_contents[0], HALF_DTYPES[datatype]).reshape(2, 3)
     truth = reference.layer_norm(widen(half), 1, 1e-5, "var").output
     assert float(ulp_errors(output, truth, datatype).max()) <= 1.0

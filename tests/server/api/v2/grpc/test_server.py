@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as tg
@@ -31,6 +32,7 @@ from app.server.worker import Worker
 from app.settings import Settings
 from benchmarks.servers import free_port
 from tests.live_server import MODELS, cli_server, server_env
+from tests.server import prometheus
 from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
 
 X23 = np.array([[0.2, 0.1, 0.3], [0.5, 0.1, 0.1]], np.float32)
@@ -183,6 +185,27 @@ def test_a_message_over_the_body_limit_is_resource_exhausted(
         limited_client.infer("layernorm", [infer_input(x)], compression_algorithm=compression)
     assert e.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
     assert answers(limited_client)
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_a_message_over_the_body_limit_is_counted_and_logged_as_the_client_sees_it(
+    limited: GrpcServer, limited_client: tg.InferenceServerClient, compression: str | None
+) -> None:
+    """grpc refuses it before a handler reads it; the call's metrics and access line still say RESOURCE_EXHAUSTED."""
+    x = np.zeros((300, 1000), np.float32)
+    labels = {"service": "inference.GRPCInferenceService", "method": "ModelInfer", "code": "RESOURCE_EXHAUSTED"}
+    request_id = f"too-large-{compression}"
+    with httpx.Client(base_url=limited.base) as http:
+        before = prometheus.scrape(http)
+        with pytest.raises(InferenceServerException) as e:
+            limited_client.infer(
+                "layernorm", [infer_input(x)], compression_algorithm=compression, headers={"x-request-id": request_id}
+            )
+        after = prometheus.scrape_until_moved(http, before, "normserve_grpc_requests_total", 1, model="", **labels)
+    assert e.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    assert prometheus.delta(before, after, "normserve_grpc_requests_total", model="", **labels) == 1
+    line = limited.request_line(request_id)
+    assert (line["route"], line["grpc_status"]) == ("/inference.GRPCInferenceService/ModelInfer", "RESOURCE_EXHAUSTED")
 
 
 @pytest.mark.parametrize(

@@ -204,6 +204,59 @@ def test_shared_memory_routes_are_400_naming_the_extension(
     assert (e.value.status(), e.value.message()) == ("400", shared_memory_message(extension))
 
 
+def infer_shared_memory_message(field: str, why: str) -> str:
+    return (
+        f"{field}: the system_shared_memory or cuda_shared_memory extension is not supported: normserve {why} "
+        f"(binary data over HTTP, raw_{'input' if field.startswith('inputs') else 'output'}_contents over gRPC)"
+    )
+
+
+# (which tensor names a region, the field refused, what normserve does instead): tritonclient's set_shared_memory.
+SHARED_MEMORY_INFERS = [
+    pytest.param(
+        "input", "inputs.input.parameters.shared_memory_region", "reads every tensor from the request itself", id="in"
+    ),
+    pytest.param(
+        "output", "outputs.mean.parameters.shared_memory_region", "writes every output into the response", id="out"
+    ),
+]
+
+
+def shared_memory_infer(client: Any, module: Any, names: str) -> None:
+    x = np.ones((2, 4), np.float32)
+    t = module.InferInput("input", list(x.shape), "FP32")
+    outputs = []
+    if names == "input":
+        t.set_shared_memory("region", x.nbytes)
+    else:
+        t.set_data_from_numpy(x)
+        outputs.append(module.InferRequestedOutput("mean"))
+        outputs[0].set_shared_memory("region", 8)
+    client.infer("layernorm", [t], outputs=outputs or None)
+
+
+@pytest.mark.parametrize(("names", "field", "why"), SHARED_MEMORY_INFERS)
+def test_an_infer_naming_a_shared_memory_region_is_unimplemented_naming_the_extension(
+    triton: tg.InferenceServerClient, names: str, field: str, why: str
+) -> None:
+    with pytest.raises(InferenceServerException) as e:
+        shared_memory_infer(triton, tg, names)
+    assert (e.value.status(), e.value.message()) == (
+        "StatusCode.UNIMPLEMENTED",
+        infer_shared_memory_message(field, why),
+    )
+    assert triton.is_server_ready()
+
+
+@pytest.mark.parametrize(("names", "field", "why"), SHARED_MEMORY_INFERS)
+def test_an_infer_naming_a_shared_memory_region_is_400_naming_the_extension(
+    http: Any, names: str, field: str, why: str
+) -> None:
+    with pytest.raises(InferenceServerException) as e:
+        shared_memory_infer(http, th, names)
+    assert (e.value.status(), e.value.message()) == ("400", infer_shared_memory_message(field, why))
+
+
 # ---- inference: the same answers as HTTP and as the reference --------------------------------------------
 
 

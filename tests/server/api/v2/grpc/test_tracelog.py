@@ -66,6 +66,23 @@ def test_log_settings_round_trip_and_match_http(admin: GrpcServer, client: tg.In
     assert httpx.get(admin.base + "/v2/logging", headers=AUTH).json()["log_verbose_level"] == 1
 
 
+def test_verbose_logging_turns_on_alone_on_a_server_at_warning(
+    admin: GrpcServer, client: tg.InferenceServerClient
+) -> None:
+    """As in Triton, log_verbose_level needs no log_info."""
+    client.update_log_settings({"log_info": False}, headers=AUTH)
+    updated = client.update_log_settings({"log_verbose_level": 1}, headers=AUTH, as_json=True)["settings"]
+    switches = ("log_verbose_level", "log_info", "log_warning", "log_error")
+    assert [updated[k] for k in switches] == [
+        {"uint32_param": 1},
+        {"bool_param": False},
+        {"bool_param": True},
+        {"bool_param": True},
+    ]
+    http = httpx.get(admin.base + "/v2/logging", headers=AUTH).json()
+    assert [http[k] for k in switches] == [1, False, True, True]
+
+
 @pytest.mark.parametrize(
     ("headers", "code", "message"),
     [

@@ -133,6 +133,21 @@ def test_log_info_off_stops_the_access_lines_without_a_restart(
     assert not [d for d in admin.log_lines() if d.get("request_id") == "quiet"]
 
 
+def test_verbose_logging_turns_on_alone_on_a_server_at_warning(
+    admin: GrpcServer, triton: th.InferenceServerClient
+) -> None:
+    """As in Triton, log_verbose_level needs no log_info: info (the access lines) stays off."""
+    triton.update_log_settings({"log_info": False}, headers=AUTH)
+    verbose = triton.update_log_settings({"log_verbose_level": 1}, headers=AUTH)
+    assert verbose == {**DEFAULT_LOG, "log_info": False, "log_verbose_level": 1}
+    assert triton.get_log_settings(headers=AUTH) == verbose
+    httpx.post(admin.base + "/normalize", json={"data": [[1.0, 2.0]]}, headers={"X-Request-ID": "verbose-quiet"})
+    triton.update_log_settings({"log_info": True}, headers=AUTH)
+    httpx.post(admin.base + "/normalize", json={"data": [[1.0, 2.0]]}, headers={"X-Request-ID": "verbose-heard"})
+    admin.request_line("verbose-heard")
+    assert not [d for d in admin.log_lines() if d.get("request_id") == "verbose-quiet"]
+
+
 @pytest.mark.parametrize(
     ("path", "body", "error"),
     [
