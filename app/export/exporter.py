@@ -216,12 +216,18 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
     say = progress or (lambda message: print(message, file=sys.stderr, flush=True))
     common: dict[str, Any] = {"opset": args.opset, "tolerance": args.tolerance, "progress": say}
     try:
-        if args.kind is not None:
-            common |= {"module": args.module, "check": checks.from_args(args)}
-        if args.kind == "encoder":
+        if args.kind == options.TEXT_ENCODER:
+            from app.export.textexport import export_text_encoder  # transformers, imported for this command alone
+
+            head = {"max_seq_length": args.max_sequence_length, "pooling": args.pooling, "normalize": args.normalize}
+            text = {"check_texts": args.check_texts, "version": args.version, **head}
+            exported = [export_text_encoder(args.repository, args.name, args.hf, **text, **common)]
+        elif args.kind == "encoder":
             sizes = options.encoder_sizes(args)
+            common |= {"module": args.module, "check": checks.from_args(args)}
             exported = [export_encoder(args.repository, args.name, args.checkpoint, sizes=sizes, **common)]
         elif args.kind == "layernorm":
+            common |= {"module": args.module, "check": checks.from_args(args)}
             exported = [export_layernorm(args.repository, args.name, args.checkpoint, eps=args.eps, **common)]
         else:
             exported = export_defaults(

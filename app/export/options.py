@@ -19,12 +19,17 @@ from app.core.repository import NAME
 
 CONFIG_FLAGS = ("d_model", "num_heads", "d_ff", "num_layers", "max_sequence_length")  # --d-model ...
 KINDS = ("encoder", "layernorm")
+TEXT_ENCODER = "text-encoder"  # a Hugging Face folder: flags of its own, none shared with the kinds above
+POOLINGS = ("mean", "cls", "none")  # app.core.textreference.POOLINGS, which imports NumPy only
+DEFAULT_TEXT_TOLERANCE = 2e-5  # max abs of the embeddings against the user's model (API.md section 12)
 DEFAULT_EPS = 1e-5  # torch.nn.LayerNorm's: a checkpoint does not hold eps (the module does)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The flags of whichever command argv[0] names; `kind` is None for the defaults, else encoder or layernorm."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == TEXT_ENCODER:
+        return _text_encoder_parser().parse_args(argv[1:], argparse.Namespace(kind=TEXT_ENCODER))
     if argv and argv[0] in KINDS:
         parser = _encoder_parser() if argv[0] == "encoder" else _layernorm_parser()
         args = parser.parse_args(argv[1:], argparse.Namespace(kind=argv[0]))
@@ -42,7 +47,8 @@ def _defaults_parser() -> argparse.ArgumentParser:
         description="Export the default models (layernorm, encoder, encoder-preln) as version 1 of each, replacing "
         "it; nothing is written if a model fails onnx.checker or parity against PyTorch and NumPy. "
         "A repository in the old layout (a top-level manifest.json) is migrated first.",
-        epilog="A trained model of your own: `normserve export encoder --help`, `normserve export layernorm --help`.",
+        epilog="A trained model of your own: `normserve export encoder --help`, `normserve export layernorm --help`; "
+        "a Hugging Face text encoder: `normserve export text-encoder --help`.",
     )
     parser.add_argument(
         "--repository",
@@ -104,6 +110,53 @@ def _layernorm_parser() -> argparse.ArgumentParser:
         help=f"with --checkpoint: its eps, used when a request passes none (default {DEFAULT_EPS:g})",
     )
     _add_check(parser, "float32 input ending in the normalized_shape", None)
+    return parser
+
+
+def _text_encoder_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"normserve export {TEXT_ENCODER}",
+        description="Export a Hugging Face BERT-family text encoder (bert, roberta, xlm-roberta, distilbert) from a "
+        "local folder as the next version of --name (1 for a new name). Nothing is fetched from a hub. Nothing is "
+        "written if the folder holds another architecture, code of its own (trust_remote_code), no tokenizer.json "
+        "or an adapter, or if the graph's embeddings differ from PyTorch's, sentence-transformers' or the NumPy "
+        "reference's beyond the bounds.",
+    )
+    parser.add_argument("--name", type=model_name, required=True, help=f"model name, matching {NAME.pattern}")
+    parser.add_argument(
+        "--hf",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help="a folder as save_pretrained or sentence-transformers write it: config.json, model.safetensors (or "
+        "pytorch_model.bin, loaded weights-only), tokenizer.json; modules.json, 1_Pooling/config.json and "
+        "sentence_bert_config.json where present",
+    )
+    head = parser.add_argument_group("the head: read from the folder unless given")
+    head.add_argument(
+        "--max-sequence-length",
+        type=int,
+        help="tokens a text is truncated to (default: sentence_bert_config.json's "
+        "max_seq_length, else config.json's max_position_embeddings less RoBERTa's offset)",
+    )
+    head.add_argument("--pooling", choices=POOLINGS, help="default: 1_Pooling/config.json's mode; mean without it")
+    norm = head.add_mutually_exclusive_group()
+    norm.add_argument("--normalize", dest="normalize", action="store_const", const=True, help="L2-normalize")
+    norm.add_argument("--no-normalize", dest="normalize", action="store_const", const=False, help="do not")
+    parser.set_defaults(normalize=None)  # a Normalize module in modules.json, else none
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TEXT_TOLERANCE,
+        help=f"max abs of the embeddings against your model (default {DEFAULT_TEXT_TOLERANCE:g}); cosine at "
+        "least 0.99999 always",
+    )
+    parser.add_argument("--check-texts", type=Path, metavar="FILE", help="texts of yours, one a line, for parity")
+    parser.add_argument("--version", type=int, help="write this version, replacing it (default: the next)")
+    parser.add_argument(
+        "--repository", "--model-dir", type=Path, default=Path("models"), help="model repository (default: models)"
+    )
+    parser.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18)")
     return parser
 
 
