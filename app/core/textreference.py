@@ -96,6 +96,11 @@ class TextConfig:
                 f"{self.hidden_size}",
             ),
             (
+                self.pad_token_id < self.vocab_size,
+                f"config.pad_token_id {self.pad_token_id} is outside the vocabulary (config.vocab_size "
+                f"{self.vocab_size})",
+            ),
+            (
                 self.max_seq_length + self.position_offset <= self.max_position_embeddings,
                 f"max_seq_length {self.max_seq_length} + config.position_offset {self.position_offset} is past "
                 f"config.max_position_embeddings {self.max_position_embeddings}",
