@@ -124,10 +124,10 @@ def tiny_model(folder: Path, model_type: str, *, seed: int = 0, safetensors: boo
 
 def sentence_transformers_folder(tiny: TinyModel, folder: Path, pooling: str, normalize: bool, max_len: int) -> Path:
     """tiny as a sentence-transformers model: Transformer, Pooling and optionally Normalize, saved into folder."""
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
-    transformer = models.Transformer(str(tiny.path), max_seq_length=max_len)
-    modules = [transformer, models.Pooling(HIDDEN, pooling_mode=pooling)]
-    model = SentenceTransformer(modules=[*modules, models.Normalize()] if normalize else modules, device="cpu")
+    modules = [Transformer(str(tiny.path), max_seq_length=max_len), Pooling(HIDDEN, pooling_mode=pooling)]
+    model = SentenceTransformer(modules=[*modules, Normalize()] if normalize else modules, device="cpu")
     model.save(str(folder))
     return folder
