@@ -216,16 +216,16 @@ class TextEncoderModel(Model):
             self.weights(), self.config, request.input_ids, request.attention_mask, request.token_type_ids
         )
         pairs = {
-            "sentence_embedding": [(outs["sentence_embedding"], ref.sentence_embedding)],
-            "last_hidden_state": [(outs["last_hidden_state"], ref.last_hidden_state)],
-            "layer norm mean": [(outs[f"{n}.mean"], ref.layer_norms[n][0]) for n in self.layer_norms],
-            "layer norm std": [(outs[f"{n}.std"], ref.layer_norms[n][1]) for n in self.layer_norms],
+            "embedding": [(outs["sentence_embedding"], ref.sentence_embedding)],
+            "hidden states": [(outs["last_hidden_state"], ref.last_hidden_state)],
+            "LayerNorm mean": [(outs[f"{n}.mean"], ref.layer_norms[n][0]) for n in self.layer_norms],
+            "LayerNorm std": [(outs[f"{n}.std"], ref.layer_norms[n][1]) for n in self.layer_norms],
         }
         figures = {}
         for what, arrays in pairs.items():
             diff = max(float(np.abs(got - want).max()) for got, want in arrays)
             scale = max(1.0, *(float(np.abs(want).max()) for _, want in arrays))
-            figures[what] = (diff, TEXT_ATOL * (1.0 if what == "sentence_embedding" else scale))
+            figures[what] = (diff, TEXT_ATOL * (1.0 if what == "embedding" else scale))
         return figures
 
     def warm_up(self) -> tuple[float, float]:
@@ -235,7 +235,7 @@ class TextEncoderModel(Model):
         for what, (diff, atol) in figures.items():
             if not diff <= atol:
                 raise ModelLoadError(f"{self.path}: parity warm-up failed, {what} max abs diff {diff:.3g} > {atol:.3g}")
-        return figures["sentence_embedding"]
+        return figures["embedding"]
 
 
 def load_tokenizer(loaded: Loaded, config: TextConfig) -> tokenizers.Tokenizer:

@@ -1,4 +1,5 @@
-"""The text-encoder kind: tiny random Hugging Face models exported by `export_text_encoder`, loaded by the Runtime.
+"""The text-encoder kind: tiny random Hugging Face models (tests/textmodels.py) exported by `export_text_encoder`,
+loaded by the Runtime; their maximum length set to MAX_LEN, which the longest text goes past.
 
 Served embeddings are held to the user's own model (torch, eval mode, with the folder's pooling: cosine >= 0.99999,
 max abs <= 2e-5) and to the float64 NumPy reference (max abs <= 1e-5); the served ids to the model's own
@@ -35,7 +36,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert")
-MAX_LEN = 24  # short, so that a sentence of the tests goes past it
+MAX_LEN = 24
 USER_ATOL, USER_COSINE = 2e-5, 0.99999  # against the user's model (API.md section 12)
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -45,71 +46,18 @@ TEXTS = [
     "a b",
     " ".join(["this sentence goes on past the maximum length"] * 6),
 ]
-CORPUS = [*TEXTS, "the lazy dog sleeps", "quick brown foxes jump", "a long day of sentences", "café and tea"]
-
-
-def hf_folder(path: Path, model_type: str) -> Path:
-    """A save_pretrained folder of a random model (hidden 32, 2 layers) with a tokenizer trained on CORPUS:
-    WordPiece for BERT and DistilBERT, byte-level BPE for RoBERTa and XLM-RoBERTa."""
-    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
-
-    roberta = model_type in ("roberta", "xlm-roberta")
-    if roberta:
-        special = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-        tok = tokenizers.Tokenizer(models.BPE(unk_token="<unk>"))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer: Any = trainers.BpeTrainer(
-            vocab_size=300, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-        )
-        tok.train_from_iterator(CORPUS, trainer)
-        tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
-        names = {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "cls_token": "<s>"}
-        names |= {"unk_token": "<unk>", "pad_token": "<pad>", "mask_token": "<mask>"}
-    else:
-        special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-        tok = tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=200, special_tokens=special))
-        tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
-        )
-        names = {"unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]"}
-        names |= {"mask_token": "[MASK]"}
-    vocab, pad = tok.get_vocab_size(), 1 if roberta else 0
-    torch.manual_seed(sorted(MODEL_TYPES).index(model_type))
-    sizes = {"num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 37, "hidden_size": 32}
-    common = {"vocab_size": vocab, "pad_token_id": pad, "max_position_embeddings": MAX_LEN + (2 if roberta else 0)}
-    if model_type == "distilbert":
-        hf: Any = transformers.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=37, **common)
-        model, fast = transformers.DistilBertModel(hf), transformers.DistilBertTokenizerFast
-    elif model_type == "bert":
-        model = transformers.BertModel(transformers.BertConfig(**sizes, **common))
-        fast = transformers.BertTokenizerFast
-    elif model_type == "roberta":
-        model = transformers.RobertaModel(transformers.RobertaConfig(**sizes, type_vocab_size=1, **common))
-        fast = transformers.RobertaTokenizerFast
-    else:
-        model = transformers.XLMRobertaModel(transformers.XLMRobertaConfig(**sizes, type_vocab_size=1, **common))
-        fast = transformers.RobertaTokenizerFast  # XLM-R's own class rebuilds a Unigram model from a vocabulary
-    with torch.no_grad():  # larger than HF's init (std 0.02), so that attention is far from uniform
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn_like(p))
-    model.save_pretrained(path)
-    fast(tokenizer_object=tok, model_max_length=MAX_LEN, **names).save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One exported version per architecture, named by its model_type; the HF folders beside, under hf/."""
     from app.export.textexport import export_text_encoder
+    from tests.textmodels import tiny_model
 
     root = tmp_path_factory.mktemp("text")
-    for model_type in MODEL_TYPES:
-        folder = hf_folder(root / "hf" / model_type, model_type)
-        export_text_encoder(root / "models", model_type, folder)
+    for seed, model_type in enumerate(MODEL_TYPES):
+        tiny = tiny_model(root / "hf" / model_type, model_type, seed=seed)
+        export_text_encoder(root / "models", model_type, tiny.path, max_seq_length=MAX_LEN)
     return root
 
 
@@ -171,7 +119,9 @@ def test_served_tokens_are_the_models_own_tokenizers(runtime: Runtime, repositor
     model = served(runtime, model_type)
     ours = model.tokenize(TEXTS)
     tokenizer = transformers.AutoTokenizer.from_pretrained(repository / "hf" / model_type)
-    theirs = tokenizer(TEXTS, padding=True, truncation=True, max_length=MAX_LEN, return_tensors="np")
+    theirs = tokenizer(
+        TEXTS, padding=True, truncation=True, max_length=MAX_LEN, return_tensors="np", return_token_type_ids=True
+    )
     np.testing.assert_array_equal(ours.input_ids, theirs["input_ids"])
     np.testing.assert_array_equal(ours.attention_mask, theirs["attention_mask"])
     assert ours.input_ids.dtype == ours.attention_mask.dtype == np.int64
@@ -338,9 +288,7 @@ def test_weights_that_are_not_the_graphs_fail_the_warm_up(repository: Path, tmp_
     (version / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ModelLoadError) as e:
         build(version)
-    pattern = (
-        rf"{re.escape(str(version))}/model.onnx: parity warm-up failed, sentence_embedding max abs diff \S+ > 1e-05"
-    )
+    pattern = rf"{re.escape(str(version))}/model.onnx: parity warm-up failed, embedding max abs diff \S+ > 1e-05"
     assert re.fullmatch(pattern, str(e.value))
 
 
