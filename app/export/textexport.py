@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.repository import MODEL_FILE, WEIGHTS_FILE
+from app.core.textencoder import TextInput
 from app.export import builds, graph, textgraph, textparity, textsource, versions
 from app.export.builds import ParityError
 from app.export.exporter import Exported, _check_opset, _commit, _writing
@@ -52,7 +53,7 @@ def export_text_encoder(
     root = Path(repository)
     with _writing(root, say), versions.staging(root, name) as folder:
         say(f"exporting {name} (text-encoder, opset {opset}) ...")
-        proto, inputs, outputs = textgraph.to_onnx(wrapper, config.hidden_size, opset)
+        proto, inputs, outputs = textgraph.to_onnx(wrapper, config, opset)
         manifest: dict[str, Any] = {"kind": "text-encoder", **graph.write_onnx(folder, proto), **builds.provenance()}
         session = graph.load_session(folder / MODEL_FILE, inputs, outputs)
         weights = textgraph.weights(model)
@@ -60,9 +61,8 @@ def export_text_encoder(
         for file in textsource.TOKENIZER_FILES:
             if (source.path / file).is_file():
                 shutil.copyfile(source.path / file, folder / file)
-        tok = textparity.tokenizer(folder, head.max_seq_length, config.pad_token_id)
-        tokens = textparity.tokenize(tok, batch, head)
-        checked = textparity.check_tokens(source.path, batch, tokens, head, config.has_token_types)
+        tokens, truncated = textparity.served_tokens(folder, batch, config, head)
+        checked = textparity.check_tokens(source.path, batch, tokens, head, truncated)
         manifest |= {"config": source.config, **textsource.manifest_head(head), "layer_norms": wrapper.names}
         manifest["parity"] = _parity(name, source, head, batch, tokens, session, wrapper, weights, config, tolerance)
         manifest["parity"]["tokenizer"] = checked
@@ -76,7 +76,7 @@ def _parity(
     source: textsource.TextSource,
     head: textsource.Head,
     batch: list[str],
-    tokens: textparity.Tokens,
+    tokens: TextInput,
     session: Any,
     wrapper: textgraph.TextEncoderGraph,
     weights: dict[str, Any],
@@ -84,7 +84,7 @@ def _parity(
     tolerance: float,
 ) -> dict[str, Any]:
     """Each comparison measured and recorded; ParityError naming the first that fails its bound."""
-    out = textparity.run(session, tokens, config.has_token_types)
+    out = textparity.run(session, tokens)
     st = None
     if source.sentence_transformers and head == source.head:  # flags that change the head change the model
         st = textparity.vs_sentence_transformers(source.path, batch, out, head)

@@ -21,8 +21,11 @@ import torch
 import transformers
 from torch import nn
 
+from app.core import textencoder, textreference
 from app.core.model import Signature
+from app.core.textreference import TextConfig
 from app.export import graph
+from app.export.graph import ExportError
 from app.export.textsource import Head
 
 MIN_TOKEN_COUNT = 1e-9  # sentence-transformers' Pooling clamps the token count so
@@ -86,16 +89,7 @@ class TextEncoderGraph(nn.Module):
         return (pool(hidden, attention_mask, self.head), hidden, *stats)
 
 
-def signature(token_types: bool, hidden: int, layer_norms: list[str]) -> tuple[Signature, Signature]:
-    """The graph's inputs and outputs; batch and seq are dynamic."""
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if token_types else [])
-    inputs: Signature = [(name, ["batch", "seq"]) for name in names]
-    outputs: Signature = [("sentence_embedding", ["batch", hidden]), ("last_hidden_state", ["batch", "seq", hidden])]
-    outputs += [(f"{ln}.{stat}", ["batch", "seq"]) for ln in layer_norms for stat in ("mean", "std")]
-    return inputs, outputs
-
-
-def to_onnx(module: TextEncoderGraph, hidden: int, opset: int) -> tuple[onnx.ModelProto, Signature, Signature]:
+def to_onnx(module: TextEncoderGraph, config: TextConfig, opset: int) -> tuple[onnx.ModelProto, Signature, Signature]:
     """The TorchScript exporter (dynamo=False) with dynamic batch and seq, checked; and the signature it has."""
     # Example sizes above 1 on both axes, so that neither is taken for a constant; one padded row.
     ids = torch.full((2, 5), 5, dtype=torch.long)
@@ -104,7 +98,12 @@ def to_onnx(module: TextEncoderGraph, hidden: int, opset: int) -> tuple[onnx.Mod
     example = (ids, mask) + ((torch.zeros_like(ids),) if module.token_types else ())
     with torch.no_grad():
         module(*example)  # the LayerNorms' execution order names the outputs
-    inputs, outputs = signature(module.token_types, hidden, module.names)
+    inputs, outputs = textencoder.signature(config)
+    if module.names != textreference.layer_norm_names(config):  # the reference and the server name them so
+        raise ExportError(
+            f"the model's LayerNorms run as {module.names}; a {config.model_type} model has "
+            f"{textreference.layer_norm_names(config)}"
+        )
     with tempfile.TemporaryDirectory() as scratch, graph.quiet_torch_export():
         torch.onnx.export(
             module,

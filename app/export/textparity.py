@@ -5,7 +5,6 @@ languages and lengths.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,9 +12,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import torch
-from tokenizers import Tokenizer
 
-from app.core import textreference
+from app.core import textencoder, textreference
+from app.core.textencoder import TextInput
 from app.core.textreference import TextConfig
 from app.export.graph import ExportError
 from app.export.textgraph import TextEncoderGraph, pool
@@ -47,17 +46,6 @@ class TokenizerMismatch(ExportError):
     """tokenizer.json, as the server runs it, gives other ids than the model's own tokenizer."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Tokens:
-    input_ids: np.ndarray  # B,T int64
-    attention_mask: np.ndarray  # B,T int64
-    token_type_ids: np.ndarray  # B,T int64
-
-    def feeds(self, token_types: bool) -> dict[str, np.ndarray]:
-        feeds = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
-        return feeds | ({"token_type_ids": self.token_type_ids} if token_types else {})
-
-
 def texts(max_seq_length: int, check_texts: Path | None) -> list[str]:
     """The built-in texts, one longer than the maximum length (a word is at least one token), and the user's."""
     words = MEDIUM.split()
@@ -70,29 +58,21 @@ def texts(max_seq_length: int, check_texts: Path | None) -> list[str]:
     return [*BUILT_IN, longer, *own]
 
 
-def tokenizer(folder: Path, max_seq_length: int, pad_id: int) -> Tokenizer:
-    """tokenizer.json as the server runs it: truncated at the model's maximum length, padded to the longest."""
-    tok = Tokenizer.from_file(str(folder / TOKENIZER))
-    tok.enable_truncation(max_length=max_seq_length)
-    tok.enable_padding(pad_id=pad_id, pad_token=tok.id_to_token(pad_id) or "[PAD]")
-    return tok
+def served_tokens(folder: Path, batch: Sequence[str], config: TextConfig, head: Head) -> tuple[TextInput, list[int]]:
+    """The texts tokenized from the version's tokenizer.json by the server's own code; and those it cut short."""
+    tok = textencoder.open_tokenizer(folder / TOKENIZER, config)
+    return textencoder.encode_texts(tok, batch, config, head.do_lower_case)
 
 
-def tokenize(tok: Tokenizer, batch: Sequence[str], head: Head) -> Tokens:
-    encoded = tok.encode_batch([text.lower() if head.do_lower_case else text for text in batch])
-    return Tokens(
-        np.array([e.ids for e in encoded], dtype=np.int64),
-        np.array([e.attention_mask for e in encoded], dtype=np.int64),
-        np.array([e.type_ids for e in encoded], dtype=np.int64),
-    )
-
-
-def check_tokens(folder: Path, batch: Sequence[str], tokens: Tokens, head: Head, token_types: bool) -> dict[str, Any]:
+def check_tokens(
+    folder: Path, batch: Sequence[str], tokens: TextInput, head: Head, truncated: list[int]
+) -> dict[str, Any]:
     """The ids, mask (and token types) equal to transformers' AutoTokenizer on the folder; TokenizerMismatch if not."""
     import transformers
 
     own = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     lowered = [text.lower() if head.do_lower_case else text for text in batch]
+    token_types = tokens.token_type_ids is not None
     want = own(
         lowered,
         padding=True,
@@ -112,8 +92,7 @@ def check_tokens(folder: Path, batch: Sequence[str], tokens: Tokens, head: Head,
                 f"({type(own).__name__}) for text {i} {batch[i][:60]!r}: {got[i].tolist()} != "
                 f"{expected[i].tolist()}; nothing written"
             )
-    lengths = tokens.attention_mask.sum(axis=1)
-    return {"texts": len(batch), "truncated": int((lengths >= head.max_seq_length).sum()), "checked": list(fields)}
+    return {"texts": len(batch), "truncated": len(truncated), "checked": list(fields)}
 
 
 def figures(got: np.ndarray, want: np.ndarray) -> dict[str, float]:
@@ -130,16 +109,16 @@ def at_tokens(got: np.ndarray, want: np.ndarray, mask: np.ndarray) -> float:
     return float(np.max(np.abs(got.astype(np.float64)[real] - want.astype(np.float64)[real])))
 
 
-def run(session: ort.InferenceSession, tokens: Tokens, token_types: bool) -> dict[str, np.ndarray]:
+def run(session: ort.InferenceSession, tokens: TextInput) -> dict[str, np.ndarray]:
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, tokens.feeds(token_types)), strict=True))
+    return dict(zip(names, session.run(names, tokens.feeds()), strict=True))
 
 
 def vs_torch(
-    onnx_out: Mapping[str, np.ndarray], wrapper: TextEncoderGraph, tokens: Tokens, head: Head
+    onnx_out: Mapping[str, np.ndarray], wrapper: TextEncoderGraph, tokens: TextInput, head: Head
 ) -> dict[str, float]:
     """The graph against the user's HF model itself (with its 2-D mask) and the folder's pooling, in PyTorch."""
-    feeds = {key: torch.from_numpy(value) for key, value in tokens.feeds(wrapper.token_types).items()}
+    feeds = {key: torch.from_numpy(value) for key, value in tokens.feeds().items()}
     with torch.no_grad():
         hidden = wrapper.model(**feeds).last_hidden_state
         sentence = pool(hidden, feeds["attention_mask"], head).numpy()
@@ -167,11 +146,10 @@ def vs_sentence_transformers(
 
 
 def vs_reference(
-    onnx_out: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray], config: TextConfig, tokens: Tokens
+    onnx_out: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray], config: TextConfig, tokens: TextInput
 ) -> dict[str, float]:
     """The graph against the float64 NumPy reference on the weights written beside it."""
-    types = tokens.token_type_ids if config.has_token_types else None
-    ref = textreference.encode(weights, config, tokens.input_ids, tokens.attention_mask, types)
+    ref = textreference.encode(weights, config, tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)
     mask = tokens.attention_mask
     stats = {f"{name}.{s}": pair[i] for name, pair in ref.layer_norms.items() for i, s in enumerate(("mean", "std"))}
     return figures(onnx_out["sentence_embedding"], ref.sentence_embedding) | {

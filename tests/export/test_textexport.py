@@ -24,7 +24,7 @@ from app.core import textreference
 from app.core.textreference import TextConfig
 from app.export.exporter import main
 from app.export.textexport import export_text_encoder
-from app.export.textparity import COSINE_MIN, REFERENCE_ATOL, TokenizerMismatch, check_tokens, tokenize, tokenizer
+from app.export.textparity import COSINE_MIN, REFERENCE_ATOL, TokenizerMismatch, check_tokens, served_tokens
 from app.export.textsource import Head
 from tests.textmodels import MODEL_TYPES, TinyModel, sentence_transformers_folder, tiny_model
 
@@ -169,8 +169,12 @@ def test_the_written_weights_give_the_graphs_answers_in_the_numpy_reference(
 
 def test_the_served_tokenizer_gives_the_models_own_ids_and_a_changed_id_is_refused(cases: dict[str, Case]) -> None:
     case = cases["bert"]
-    tokens = tokenize(tokenizer(case.version, case.head.max_seq_length, case.tiny.pad_token_id), UNSEEN, case.head)
-    assert check_tokens(case.folder, UNSEEN, tokens, case.head, True)["texts"] == len(UNSEEN)
+    tokens, truncated = served_tokens(case.version, UNSEEN, TextConfig.from_manifest(case.manifest), case.head)
+    assert check_tokens(case.folder, UNSEEN, tokens, case.head, truncated) == {
+        "texts": len(UNSEEN),
+        "truncated": 1,
+        "checked": ["input_ids", "attention_mask", "token_type_ids"],
+    }
     tokens.input_ids[2, 1] += 1
     want = _own_tokens(case, UNSEEN)["input_ids"][2].tolist()
     got = tokens.input_ids[2].tolist()
@@ -179,7 +183,7 @@ def test_the_served_tokenizer_gives_the_models_own_ids_and_a_changed_id_is_refus
         f"(TokenizersBackend) for text 2 'Two short words': {got} != {want}; nothing written"
     )
     with pytest.raises(TokenizerMismatch) as refused:
-        check_tokens(case.folder, UNSEEN, tokens, case.head, True)
+        check_tokens(case.folder, UNSEEN, tokens, case.head, truncated)
     assert str(refused.value) == message
 
 

