@@ -105,12 +105,17 @@ def _model(model_type: str, vocab_size: int, pad: int, hidden_act: str) -> Any:
     return model_class(hf)
 
 
-def tiny_model(folder: Path, model_type: str, *, seed: int = 0, safetensors: bool = True) -> TinyModel:
-    """A random model of model_type with its trained tokenizer, saved with save_pretrained into folder."""
+def tiny_model(
+    folder: Path, model_type: str, *, seed: int = 0, safetensors: bool = True, hidden_act: str | None = None
+) -> TinyModel:
+    """A random model of model_type with its trained tokenizer, saved with save_pretrained into folder.
+
+    hidden_act: default ACTIVATIONS[model_type]; safetensors=False writes pytorch_model.bin instead.
+    """
     tok, specials = TOKENIZERS[model_type]()
     pad = tok.token_to_id(specials["pad_token"])
     torch.manual_seed(seed)
-    model = _model(model_type, tok.get_vocab_size(), pad, ACTIVATIONS[model_type])
+    model = _model(model_type, tok.get_vocab_size(), pad, hidden_act or ACTIVATIONS[model_type])
     with torch.no_grad():
         for name, p in model.named_parameters():
             centre = 1.0 if name.endswith(("LayerNorm.weight", "layer_norm.weight")) else 0.0
