@@ -14,11 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnxruntime as ort
+
 from app.core.repository import MODEL_FILE, WEIGHTS_FILE
 from app.core.textencoder import TextInput
+from app.core.textreference import TextConfig
 from app.export import builds, graph, textgraph, textparity, textsource, versions
 from app.export.builds import ParityError
-from app.export.exporter import Exported, _check_opset, _commit, _writing
+from app.export.exporter import Exported, check_opset, commit_version, writing
 
 Progress = Callable[[str], None]
 DEFAULT_TOLERANCE = 2e-5  # max abs of the embeddings against the user's model (API.md section 12)
@@ -41,7 +45,7 @@ def export_text_encoder(
     """The folder at hf as version `version` of name (default: the next); pooling, normalize and max_seq_length
     override the folder's. Nothing lands unless every check holds."""
     say = progress or (lambda _message: None)
-    _check_opset(opset)
+    check_opset(opset)
     source = textsource.read(Path(hf))
     head = textsource.chosen_head(source, pooling, normalize, max_seq_length)
     config = textsource.text_config(source, head)
@@ -51,7 +55,7 @@ def export_text_encoder(
     model = textgraph.load_model(source.path)
     wrapper = textgraph.TextEncoderGraph(model, head, config.has_token_types)
     root = Path(repository)
-    with _writing(root, say), versions.staging(root, name) as folder:
+    with writing(root, say), versions.staging(root, name) as folder:
         say(f"exporting {name} (text-encoder, opset {opset}) ...")
         proto, inputs, outputs = textgraph.to_onnx(wrapper, config, opset)
         manifest: dict[str, Any] = {"kind": "text-encoder", **graph.write_onnx(folder, proto), **builds.provenance()}
@@ -64,11 +68,13 @@ def export_text_encoder(
         tokens, truncated = textparity.served_tokens(folder, batch, config, head)
         checked = textparity.check_tokens(source.path, batch, tokens, head, truncated)
         manifest |= {"config": source.config, **textsource.manifest_head(head), "layer_norms": wrapper.names}
-        manifest["parity"] = _parity(name, source, head, batch, tokens, session, wrapper, weights, config, tolerance)
+        manifest["parity"] = _parity(
+            name, source, head, batch, tokens, session, wrapper, weights, config, tolerance, say
+        )
         manifest["parity"]["tokenizer"] = checked
         manifest["source"] = {"class": type(model).__name__, "sentence_transformers": source.sentence_transformers}
         say(f"exported and checked {name} in {time.perf_counter() - started:.1f} s")
-        return _commit(root, name, folder, manifest, version)
+        return commit_version(root, name, folder, manifest, version)
 
 
 def _parity(
@@ -77,13 +83,14 @@ def _parity(
     head: textsource.Head,
     batch: list[str],
     tokens: TextInput,
-    session: Any,
+    session: ort.InferenceSession,
     wrapper: textgraph.TextEncoderGraph,
-    weights: dict[str, Any],
-    config: Any,
+    weights: dict[str, np.ndarray],
+    config: TextConfig,
     tolerance: float,
+    say: Progress,
 ) -> dict[str, Any]:
-    """Each comparison measured and recorded; ParityError naming the first that fails its bound."""
+    """Each comparison measured, said and recorded; ParityError naming the first that fails its bound."""
     out = textparity.run(session, tokens)
     st = None
     if source.sentence_transformers and head == source.head:  # flags that change the head change the model
@@ -96,14 +103,14 @@ def _parity(
     for what, (got, bound) in compared.items():
         if got is None:
             continue
-        say = f"{what}: worst cosine {got['cosine']:.7f}, max abs {got['max_abs']:.2e}"
+        figures = f"{what}: worst cosine {got['cosine']:.7f}, max abs {got['max_abs']:.2e}"
+        say(f"parity {name}: {figures} (at most {bound:.0e})")
         if not (got["cosine"] >= textparity.COSINE_MIN and got["max_abs"] <= bound):  # NaN fails too
             raise ParityError(
-                f"parity failed for {name}: {say} (bounds: cosine at least {textparity.COSINE_MIN}, max abs at most "
-                f"{bound:.0e}) on {len(batch)} texts; nothing written"
+                f"parity failed for {name}: {figures} (bounds: cosine at least {textparity.COSINE_MIN}, max abs at "
+                f"most {bound:.0e}) on {len(batch)} texts; nothing written"
             )
-    figures: dict[str, Any] = {what: got for what, (got, _) in compared.items()}
-    return figures | {
+    return {what: got for what, (got, _) in compared.items()} | {
         "cosine_min": textparity.COSINE_MIN,
         "tolerance": tolerance,
         "reference_tolerance": textparity.REFERENCE_ATOL,
