@@ -103,7 +103,7 @@ def _parity(
     for what, (got, bound) in compared.items():
         if got is None:
             continue
-        figures = f"{what}: worst cosine {got['cosine']:.7f}, max abs {got['max_abs']:.2e}"
+        figures = f"{what}: worst cosine 1 - {1 - got['cosine']:.1e}, max abs {got['max_abs']:.2e}"
         say(f"parity {name}: {figures} (at most {bound:.0e})")
         if not (got["cosine"] >= textparity.COSINE_MIN and got["max_abs"] <= bound):  # NaN fails too
             raise ParityError(
