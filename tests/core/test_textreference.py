@@ -145,6 +145,25 @@ def test_layer_norm_inputs_statistics_match_the_models_own_layer_norms(model_typ
         np.testing.assert_allclose(ours.layer_norms[name][1], std, rtol=0, atol=TORCH_ATOL, err_msg=name)
 
 
+def test_distilberts_sinusoidal_positions_are_read_from_its_weights() -> None:
+    """sinusoidal_pos_embds: DistilBERT fills its position table with sines and cosines; the weights carry it."""
+    torch.manual_seed(0)
+    sizes = {"dim": HIDDEN, "n_layers": LAYERS, "n_heads": HEADS, "hidden_dim": FFN}
+    hf = transformers.DistilBertConfig(
+        vocab_size=VOCAB, max_position_embeddings=POSITIONS, pad_token_id=PAD, sinusoidal_pos_embds=True, **sizes
+    )
+    hf._attn_implementation = "eager"
+    model = transformers.DistilBertModel(hf).eval()
+    table = model.embeddings.position_embeddings.weight.detach().numpy()
+    frequencies = 1 / np.power(10000, np.arange(0, HIDDEN, 2) / HIDDEN)
+    np.testing.assert_allclose(table[1, 0::2], np.sin(frequencies), atol=1e-6)
+    _, config = tiny_model("distilbert", "gelu")
+    config = TextConfig(**{**config.__dict__, "sinusoidal_pos_embds": True})
+    batch = padded_batch("distilbert")
+    ours = run_reference(model, config, batch).last_hidden_state
+    np.testing.assert_allclose(ours, run_torch(model, batch).last_hidden_state.numpy(), rtol=0, atol=TORCH_ATOL)
+
+
 @pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("pooling", ["mean", "cls"])
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
@@ -232,12 +251,13 @@ def test_config_from_manifest_reads_the_architecture_and_the_head() -> None:
         ({"normalize": 1}, "normalize 1; expected true or false"),
         ({"max_seq_length": None}, "max_seq_length None; expected a positive integer"),
         ({"num_attention_heads": 5}, "config.num_attention_heads 5 does not divide config.hidden_size 32"),
+        ({"pad_token_id": 50}, "config.pad_token_id 50 is outside the vocabulary (config.vocab_size 50)"),
         (
             {"max_seq_length": 41},
             "max_seq_length 41 + config.position_offset 0 is past config.max_position_embeddings 40",
         ),
     ],
-    ids=["model_type", "hidden_act", "pooling", "size", "pad", "eps", "normalize", "max_seq_length", "heads", "long"],
+    ids=str.split("model_type hidden_act pooling size pad eps normalize max_seq_length heads pad_outside_vocab long"),
 )
 def test_config_from_manifest_refuses_a_bad_field_by_name(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError) as e:
