@@ -7,6 +7,7 @@ that attention is far from uniform and a wrong mask, position or activation show
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,77 +19,44 @@ st_modules = pytest.importorskip("sentence_transformers.sentence_transformer.mod
 
 from app.core import textreference  # noqa: E402
 from app.core.textreference import TextConfig  # noqa: E402
+from tests import textmodels  # noqa: E402
 
 TORCH_ATOL = 1e-5  # float32 torch vs float64 NumPy, hidden states of order 1
-VOCAB, HIDDEN, LAYERS, HEADS, FFN, POSITIONS = 50, 32, 2, 4, 37, 40
-MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert")
-PAD = 1  # RoBERTa's; the others take it too, so that padding sits apart from every position's index
+HIDDEN, LAYERS, HEADS, FFN, POSITIONS = textmodels.HIDDEN, textmodels.LAYERS, textmodels.HEADS, textmodels.FFN, 40
+MODEL_TYPES = textmodels.MODEL_TYPES
+Tiny = Callable[[str, str], tuple[Any, TextConfig]]
 
 
-def tiny_model(model_type: str, hidden_act: str, seed: int = 0) -> tuple[Any, TextConfig]:
-    """A random HF base model in eval mode (eager attention), and its reference config as the manifest has it."""
-    torch.manual_seed(seed)
-    common: dict[str, Any] = {
-        "vocab_size": VOCAB,
-        "max_position_embeddings": POSITIONS,
-        "pad_token_id": PAD,
-        "attn_implementation": "eager",  # the plain softmax(QK^T + mask) V the reference writes out
-    }
-    if model_type == "distilbert":
-        hf = transformers.DistilBertConfig(
-            dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FFN, activation=hidden_act, **common
-        )
-        model = transformers.DistilBertModel(hf)
-        eps, types = 1e-12, 0  # DistilBERT's LayerNorms have eps 1e-12 whatever its config says
-    else:
-        classes = {
-            "bert": (transformers.BertConfig, transformers.BertModel),
-            "roberta": (transformers.RobertaConfig, transformers.RobertaModel),
-            "xlm-roberta": (transformers.XLMRobertaConfig, transformers.XLMRobertaModel),
-        }
-        config_class, model_class = classes[model_type]
-        types = 2 if model_type == "bert" else 1
-        hf = config_class(
-            hidden_size=HIDDEN,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=HEADS,
-            intermediate_size=FFN,
-            hidden_act=hidden_act,
-            type_vocab_size=types,
-            **common,
-        )
-        model = model_class(hf)
-        eps = hf.layer_norm_eps
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            centre = 1.0 if "LayerNorm.weight" in name or "layer_norm.weight" in name else 0.0
-            p.copy_(centre + 0.3 * torch.randn_like(p))
-    offset = PAD + 1 if model_type in ("roberta", "xlm-roberta") else 0
-    config = TextConfig(
-        model_type=model_type,
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        intermediate_size=FFN,
-        hidden_act=hidden_act,
-        layer_norm_eps=eps,
-        max_position_embeddings=POSITIONS,
-        type_vocab_size=types,
-        pad_token_id=PAD,
-        position_offset=offset,
-    )
-    return model.eval(), config
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+    """(model_type, hidden_act) -> the tests/textmodels.py model as transformers loads it in eval mode with eager
+    attention (the plain softmax(QK^T + mask) V the reference writes out), and its reference config as exported."""
+    from app.export.textsource import architecture
+
+    built: dict[tuple[str, str], tuple[Any, TextConfig]] = {}
+
+    def get(model_type: str, hidden_act: str) -> tuple[Any, TextConfig]:
+        if (model_type, hidden_act) not in built:
+            folder = tmp_path_factory.mktemp(model_type)
+            made = textmodels.tiny_model(folder, model_type, hidden_act=hidden_act)
+            model = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+            head = {"pooling": "mean", "normalize": False, "max_seq_length": made.max_positions}
+            config = TextConfig.from_manifest({"config": architecture(model.config.to_dict()), **head})
+            built[model_type, hidden_act] = model, config
+        return built[model_type, hidden_act]
+
+    return get
 
 
-def padded_batch(model_type: str, seed: int = 1) -> dict[str, np.ndarray]:
+def padded_batch(config: TextConfig, seed: int = 1) -> dict[str, np.ndarray]:
     """Three texts of 11, 6 and 2 tokens padded to 11 with the pad token; token types for BERT."""
     rng = np.random.default_rng(seed)
     lengths = [11, 6, 2]
     mask = (np.arange(11)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
-    ids = np.where(mask == 1, rng.integers(PAD + 1, VOCAB, mask.shape), PAD)
+    first = len(textmodels.BERT_SPECIALS)  # no special token inside a text
+    ids = np.where(mask == 1, rng.integers(first, config.vocab_size, mask.shape), config.pad_token_id)
     batch = {"input_ids": ids, "attention_mask": mask}
-    if model_type == "bert":
+    if config.has_token_types:
         batch["token_type_ids"] = (np.arange(11)[None, :] >= np.array([5, 3, 1])[:, None]).astype(np.int64) * mask
     return batch
 
@@ -111,9 +79,9 @@ def run_reference(model: Any, config: TextConfig, batch: dict[str, np.ndarray]) 
 
 @pytest.mark.parametrize("hidden_act", ["gelu", "gelu_new", "relu"])
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
-def test_last_hidden_state_matches_the_model_on_a_padded_batch(model_type: str, hidden_act: str) -> None:
-    model, config = tiny_model(model_type, hidden_act)
-    batch = padded_batch(model_type)
+def test_last_hidden_state_matches_the_model_on_a_padded_batch(tiny: Tiny, model_type: str, hidden_act: str) -> None:
+    model, config = tiny(model_type, hidden_act)
+    batch = padded_batch(config)
     ours = run_reference(model, config, batch)
     theirs = run_torch(model, batch).last_hidden_state.numpy()
     assert ours.last_hidden_state.dtype == np.float64
@@ -121,10 +89,10 @@ def test_last_hidden_state_matches_the_model_on_a_padded_batch(model_type: str, 
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
-def test_layer_norm_inputs_statistics_match_the_models_own_layer_norms(model_type: str) -> None:
+def test_layer_norm_inputs_statistics_match_the_models_own_layer_norms(tiny: Tiny, model_type: str) -> None:
     """Each LayerNorm's input, caught by a forward pre-hook: its name, order, mean and population std."""
-    model, config = tiny_model(model_type, "gelu")
-    batch = padded_batch(model_type)
+    model, config = tiny(model_type, "gelu")
+    batch = padded_batch(config)
     caught: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def hook(name: str) -> Any:
@@ -145,21 +113,21 @@ def test_layer_norm_inputs_statistics_match_the_models_own_layer_norms(model_typ
         np.testing.assert_allclose(ours.layer_norms[name][1], std, rtol=0, atol=TORCH_ATOL, err_msg=name)
 
 
-def test_distilberts_sinusoidal_positions_are_read_from_its_weights() -> None:
+def test_distilberts_sinusoidal_positions_are_read_from_its_weights(tiny: Tiny) -> None:
     """sinusoidal_pos_embds: DistilBERT fills its position table with sines and cosines; the weights carry it."""
+    _, config = tiny("distilbert", "gelu")
+    config = TextConfig(**{**config.__dict__, "sinusoidal_pos_embds": True})
     torch.manual_seed(0)
-    sizes = {"dim": HIDDEN, "n_layers": LAYERS, "n_heads": HEADS, "hidden_dim": FFN}
+    sizes = {"dim": HIDDEN, "n_layers": LAYERS, "n_heads": HEADS, "hidden_dim": FFN, "sinusoidal_pos_embds": True}
     hf = transformers.DistilBertConfig(
-        vocab_size=VOCAB, max_position_embeddings=POSITIONS, pad_token_id=PAD, sinusoidal_pos_embds=True, **sizes
+        vocab_size=config.vocab_size, max_position_embeddings=POSITIONS, pad_token_id=config.pad_token_id, **sizes
     )
     hf._attn_implementation = "eager"
     model = transformers.DistilBertModel(hf).eval()
     table = model.embeddings.position_embeddings.weight.detach().numpy()
     frequencies = 1 / np.power(10000, np.arange(0, HIDDEN, 2) / HIDDEN)
     np.testing.assert_allclose(table[1, 0::2], np.sin(frequencies), atol=1e-6)
-    _, config = tiny_model("distilbert", "gelu")
-    config = TextConfig(**{**config.__dict__, "sinusoidal_pos_embds": True})
-    batch = padded_batch("distilbert")
+    batch = padded_batch(config)
     ours = run_reference(model, config, batch).last_hidden_state
     np.testing.assert_allclose(ours, run_torch(model, batch).last_hidden_state.numpy(), rtol=0, atol=TORCH_ATOL)
 
@@ -167,10 +135,12 @@ def test_distilberts_sinusoidal_positions_are_read_from_its_weights() -> None:
 @pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("pooling", ["mean", "cls"])
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
-def test_sentence_embedding_is_sentence_transformers_pooling(model_type: str, pooling: str, normalize: bool) -> None:
-    model, config = tiny_model(model_type, "gelu")
+def test_sentence_embedding_is_sentence_transformers_pooling(
+    tiny: Tiny, model_type: str, pooling: str, normalize: bool
+) -> None:
+    model, config = tiny(model_type, "gelu")
     config = TextConfig(**{**config.__dict__, "pooling": pooling, "normalize": normalize})
-    batch = padded_batch(model_type)
+    batch = padded_batch(config)
     hidden = run_torch(model, batch).last_hidden_state
     features = {"token_embeddings": hidden, "attention_mask": torch.from_numpy(batch["attention_mask"])}
     features = st_modules.Pooling(HIDDEN, pooling_mode=pooling)(features)
@@ -198,10 +168,14 @@ def test_mean_pooling_ignores_padding_and_cls_takes_the_first_token() -> None:
         ("xlm-roberta", [[2, 3, 4, 5, 6], [2, 3, 4, 1, 1]]),
     ],
 )
-def test_position_ids_follow_each_architecture(model_type: str, expected: list[list[int]]) -> None:
-    _, config = tiny_model(model_type, "gelu")
-    ids = np.array([[0, 5, 6, 7, 2], [0, 5, 2, PAD, PAD]])
+def test_position_ids_follow_each_architecture(tiny: Tiny, model_type: str, expected: list[list[int]]) -> None:
+    _, config = tiny(model_type, "gelu")
+    pad = config.pad_token_id
+    ids = np.array([[0, 5, 6, 7, 2], [0, 5, 2, pad, pad]])
     np.testing.assert_array_equal(textreference.position_ids(ids, config), expected)
+
+
+VOCAB = 50  # the manifest's in the tests of TextConfig.from_manifest
 
 
 def manifest(**changes: Any) -> dict[str, Any]:
