@@ -233,3 +233,9 @@ def test_the_command_exports_with_its_flags_and_check_texts(
     assert capsys.readouterr().out == f"exported xlmr version 3 to {root / 'xlmr' / '3'}\n"
     manifest = json.loads((root / "xlmr" / "3" / "manifest.json").read_text())
     assert manifest["parity"]["tokenizer"]["texts"] == 15  # 13 built in, two of the file's (its empty line skipped)
+
+
+@pytest.mark.parametrize("case_id", ["bert", "roberta-st"])
+def test_exporting_a_folder_again_writes_the_same_bytes(cases: dict[str, Case], tmp_path: Path, case_id: str) -> None:
+    again = export_text_encoder(tmp_path, case_id, cases[case_id].folder)
+    assert again.manifest["files"] == cases[case_id].manifest["files"]
