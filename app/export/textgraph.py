@@ -8,6 +8,7 @@ forward pre-hooks in the order the LayerNorms run.
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -26,16 +27,23 @@ from app.core.model import Signature
 from app.core.textreference import TextConfig
 from app.export import graph
 from app.export.graph import ExportError
-from app.export.textsource import Head
+from app.export.textsource import Head, UnsupportedModel
 
 MIN_TOKEN_COUNT = 1e-9  # sentence-transformers' Pooling clamps the token count so
 
 
 def load_model(path: Path) -> nn.Module:
     """The folder's base model (AutoModel), float32, eval mode, eager attention."""
-    model = transformers.AutoModel.from_pretrained(
-        str(path), attn_implementation="eager", dtype=torch.float32, local_files_only=True
-    )
+    try:
+        model = transformers.AutoModel.from_pretrained(
+            str(path), attn_implementation="eager", dtype=torch.float32, local_files_only=True
+        )
+    except pickle.UnpicklingError:  # transformers reads pytorch_model.bin with torch.load(weights_only=True)
+        raise UnsupportedModel(
+            f"{path / 'pytorch_model.bin'}: holds more than weights (torch.load(weights_only=True) refuses it); "
+            "normserve never unpickles objects from a model folder: save the model with save_pretrained "
+            "(model.safetensors)"
+        ) from None
     module: nn.Module = model.eval()
     return module
 

@@ -3,12 +3,14 @@ and every folder normserve refuses, by name, with nothing written."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from app.export.exporter import main
 from app.export.textexport import export_text_encoder
@@ -193,3 +195,22 @@ def test_a_maximum_length_past_the_positions_is_refused(bert: TinyModel, length:
     assert str(refused.value) == (
         f"--max-sequence-length {length}: expected 1 to {POSITIONS}, the positions of {bert.path / 'config.json'}"
     )
+
+
+def test_a_pytorch_model_bin_with_more_than_weights_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiny = tiny_model(tmp_path / "hf", "distilbert", safetensors=False)
+    state = torch.load(tiny.path / "pytorch_model.bin", weights_only=True)
+    torch.save(
+        state | {"trained_on": datetime.date(2026, 1, 1)}, tiny.path / "pytorch_model.bin"
+    )  # an object, not a tensor
+    root = tmp_path / "models"
+    capsys.readouterr()
+    assert main(["text-encoder", "--name", "m", "--hf", str(tiny.path), "--repository", str(root)]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"normserve export: error: {tiny.path / 'pytorch_model.bin'}: holds more than weights (torch.load("
+        "weights_only=True) refuses it); normserve never unpickles objects from a model folder: save the model with "
+        "save_pretrained (model.safetensors)"
+    )
+    assert not root.exists()
