@@ -10,12 +10,13 @@ would overwrite them.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from app.core.reference import ACTIVATIONS, POSITIONAL_ENCODINGS, EncoderConfig
-from app.core.repository import NAME
+from app.core.repository import NAME, check_version
 
 CONFIG_FLAGS = ("d_model", "num_heads", "d_ff", "num_layers", "max_sequence_length")  # --d-model ...
 KINDS = ("encoder", "layernorm")
@@ -146,13 +147,13 @@ def _text_encoder_parser() -> argparse.ArgumentParser:
     parser.set_defaults(normalize=None)  # a Normalize module in modules.json, else none
     parser.add_argument(
         "--tolerance",
-        type=float,
+        type=positive_float,
         default=DEFAULT_TEXT_TOLERANCE,
         help=f"max abs of the embeddings against your model (default {DEFAULT_TEXT_TOLERANCE:g}); cosine at "
         "least 0.99999 always",
     )
     parser.add_argument("--check-texts", type=Path, metavar="FILE", help="texts of yours, one a line, for parity")
-    parser.add_argument("--version", type=int, help="write this version, replacing it (default: the next)")
+    parser.add_argument("--version", type=version_number, help="write this version, replacing it (default: the next)")
     parser.add_argument(
         "--repository", "--model-dir", type=Path, default=Path("models"), help="model repository (default: models)"
     )
@@ -202,6 +203,25 @@ def model_name(value: str) -> str:
     if not NAME.fullmatch(value):
         raise argparse.ArgumentTypeError(f"expected a model name matching {NAME.pattern}, got {value!r}")
     return value
+
+
+def version_number(value: str) -> int:
+    """--version as the repository names versions: 1, 2, ..."""
+    try:
+        return check_version(value, "")  # no field: argparse names the flag
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def positive_float(value: str) -> float:
+    """--tolerance: a bound of zero, a negative one or NaN would fail every export, or none."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not 0 < number < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+    return number
 
 
 def config(args: argparse.Namespace) -> EncoderConfig:

@@ -214,3 +214,23 @@ def test_a_pytorch_model_bin_with_more_than_weights_is_refused(
         "save_pretrained (model.safetensors)"
     )
     assert not root.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--version", "0"], "argument --version: expected a positive integer version (1..2147483647), got '0'"),
+        (["--tolerance", "0"], "argument --tolerance: expected a positive number, got '0'"),
+        (["--tolerance", "nan"], "argument --tolerance: expected a positive number, got 'nan'"),
+        (["--pooling", "max"], "argument --pooling: invalid choice: 'max' (choose from 'mean', 'cls', 'none')"),
+    ],
+    ids=["version-0", "tolerance-0", "tolerance-nan", "pooling-max"],
+)
+def test_a_bad_flag_is_refused_by_argparse_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        main(["text-encoder", "--name", "m", "--hf", str(tmp_path), "--repository", str(tmp_path / "models"), *flags])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"normserve export text-encoder: error: {message}"
+    assert not (tmp_path / "models").exists()
