@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +240,17 @@ def test_the_command_exports_with_its_flags_and_check_texts(
 def test_exporting_a_folder_again_writes_the_same_bytes(cases: dict[str, Case], tmp_path: Path, case_id: str) -> None:
     again = export_text_encoder(tmp_path, case_id, cases[case_id].folder)
     assert again.manifest["files"] == cases[case_id].manifest["files"]
+
+
+def test_a_sentence_transformers_folder_that_lower_cases_is_served_lower_cased(
+    cases: dict[str, Case], tmp_path: Path
+) -> None:
+    """RoBERTa's byte-level BPE keeps case: only lower-casing the texts as sentence-transformers does meets its encode."""
+    folder = tmp_path / "st-lower"
+    shutil.copytree(cases["roberta-st"].folder, folder)
+    settings = json.loads((folder / "sentence_bert_config.json").read_text())
+    (folder / "sentence_bert_config.json").write_text(json.dumps(settings | {"do_lower_case": True}))
+    done = export_text_encoder(tmp_path / "models", "lower", folder)
+    assert done.manifest["do_lower_case"] is True
+    vs_st = done.manifest["parity"]["onnx_vs_sentence_transformers"]
+    assert vs_st["cosine"] >= COSINE_MIN and vs_st["max_abs"] <= TOLERANCE
