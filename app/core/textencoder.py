@@ -31,7 +31,8 @@ from app.errors import InvalidInput, shown
 TOKENIZER_FILE = "tokenizer.json"
 STATS = ("mean", "std")
 # The reference and the graph agree on the sentence embedding within this (API.md section 12); on the hidden states
-# and statistics within this times their magnitude (a real BERT's run to tens: float32 keeps ~7 digits of them).
+# and statistics within this times their magnitude, as float32 keeps ~7 digits of them (all-MiniLM-L6-v2: hidden
+# states up to 6, within 2.3e-6 of the reference; LayerNorm input std up to 11, within 1.3e-5).
 TEXT_ATOL = 1e-5
 # The warm-up's texts: several scripts, accents, an emoji, and last one past any model's maximum length (truncated).
 WARM_UP_TEXTS = (

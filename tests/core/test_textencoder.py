@@ -165,6 +165,16 @@ def test_hidden_states_come_back_only_when_asked(runtime: Runtime, model_type: s
     assert out.tokens == [int(n) for n in plain.attention_mask.sum(1)]
 
 
+def test_a_manifests_do_lower_case_lower_cases_the_text_before_the_tokenizer(repository: Path, tmp_path: Path) -> None:
+    """sentence-transformers' do_lower_case: RoBERTa's byte-level BPE is case-sensitive, so only this makes them one."""
+    version, manifest = copy_version(repository, tmp_path, "roberta")
+    texts = ["Hello World", "hello world"]
+    ids = build(version).tokenize(texts).input_ids
+    assert not np.array_equal(ids[0], ids[1])
+    (version / "manifest.json").write_text(json.dumps({**manifest, "do_lower_case": True}))
+    np.testing.assert_array_equal(*build(version).tokenize(texts).input_ids)
+
+
 BAD_TEXTS: list[tuple[str, Callable[[TextEncoderModel], Any], str]] = [
     ("empty string", lambda m: m.tokenize(["fine", ""]), "input[1]: ''; expected a non-empty string"),
     ("not a string", lambda m: m.tokenize(["fine", 3]), "input[1]: 3; expected a non-empty string"),
