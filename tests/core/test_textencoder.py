@@ -29,7 +29,7 @@ from app.core.textencoder import TEXT_ATOL, TextEncoderModel, TextInput
 from app.errors import InvalidInput
 from app.server.api.v2.config import model_config, to_json
 from app.settings import Settings
-from tests.live_server import live_server
+from tests.server.api.v2.grpc.live import grpc_server
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -334,22 +334,42 @@ def test_serving_imports_neither_torch_nor_transformers(repository: Path) -> Non
     assert done.stdout.splitlines() == lines
 
 
-def test_routes_that_cannot_serve_a_text_encoder_answer_4xx_naming_the_kinds(repository: Path) -> None:
-    with live_server({"NORMSERVE_MODEL_DIR": str(repository / "models")}) as base:
-        tokens = [
+def test_routes_that_cannot_serve_a_text_encoder_answer_4xx_naming_the_kinds(repository: Path, tmp_path: Path) -> None:
+    """Open Inference Protocol inference over HTTP and gRPC (whose metadata describes the token inputs), /normalize
+    and /encode: each refuses a text encoder by name, never with a 5xx."""
+    import tritonclient.grpc as tg
+    from tritonclient.utils import InferenceServerException
+
+    env = {"NORMSERVE_MODEL_DIR": str(repository / "models")}
+    tokens = np.array([[2, 5, 3]], dtype=np.int64)
+    with grpc_server(tmp_path, env) as server:
+        base = server.base
+        v2 = [
             {"name": n, "datatype": "INT64", "shape": [1, 3], "data": [2, 5, 3]}
-            for n in ("input_ids", "attention_mask", "token_type_ids")
+            for n in ("input_ids", "attention_mask")
         ]
-        v2 = httpx.post(f"{base}/v2/models/bert/infer", json={"inputs": tokens}, timeout=30)
+        http_v2 = httpx.post(f"{base}/v2/models/roberta/infer", json={"inputs": v2}, timeout=30)
         normalize = httpx.post(f"{base}/normalize", json={"model": "bert", "data": [[1.0, 2.0]]}, timeout=30)
         encode = httpx.post(f"{base}/encode", json={"model": "bert", "data": [[[1.0] * 32]]}, timeout=30)
-    assert (v2.status_code, v2.json()) == (
-        400,
-        {
-            "error": "model: model 'bert' is of kind text-encoder; inference over the Open Inference Protocol takes the "
-            "kinds layernorm and encoder"
-        },
-    )
+        client = tg.InferenceServerClient(server.address)
+        try:
+            metadata = client.get_model_metadata("roberta", as_json=True)
+            inputs = []
+            for name in ("input_ids", "attention_mask"):
+                inputs.append(tg.InferInput(name, [1, 3], "INT64"))
+                inputs[-1].set_data_from_numpy(tokens)
+            with pytest.raises(InferenceServerException) as grpc_v2:
+                client.infer("roberta", inputs)
+        finally:
+            client.close()
+    message = "model 'roberta' is of kind text-encoder; inference over the Open Inference Protocol takes the kinds "
+    message += "layernorm and encoder"
+    assert (http_v2.status_code, http_v2.json()) == (400, {"error": f"model: {message}"})
+    assert (grpc_v2.value.status(), grpc_v2.value.message()) == ("StatusCode.INVALID_ARGUMENT", f"model: {message}")
+    assert [(t["name"], t["datatype"], t["shape"]) for t in metadata["inputs"]] == [
+        ("input_ids", "INT64", ["-1", "-1"]),
+        ("attention_mask", "INT64", ["-1", "-1"]),
+    ]
     assert (normalize.status_code, normalize.json()["error"]) == (
         422,
         "model: 'bert' is of kind text-encoder; /normalize takes a layernorm model",
