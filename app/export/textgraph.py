@@ -84,11 +84,10 @@ class TextEncoderGraph(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *types: torch.Tensor) -> tuple[Any, ...]:
         self._captured = []
-        # The additive mask given whole (B,1,1,T): transformers' own mask builder traces its shape checks into
-        # constants of the example's length, which broke every other length in the graph.
-        blocked = (1.0 - attention_mask[:, None, None, :].to(torch.float32)) * torch.finfo(torch.float32).min
         extra = {"token_type_ids": types[0]} if self.token_types else {}
-        hidden = self.model(input_ids=input_ids, attention_mask=blocked, **extra).last_hidden_state  # B,T,C
+        # The model called as its users call it: transformers builds the additive mask from the 2-D one, and does
+        # not skip it while traced (masking_utils checks is_tracing), so the graph keeps it for unpadded batches too.
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state  # B,T,C
         self.names = [name for name, _ in self._captured]
         stats: list[torch.Tensor] = []
         for _, x in self._captured:

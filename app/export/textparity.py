@@ -128,7 +128,7 @@ def vs_torch(
         "last_hidden_state_max_abs": at_tokens(onnx_out["last_hidden_state"], hidden.numpy(), mask),
         "layer_norms_max_abs": max(
             at_tokens(onnx_out[name], s.numpy(), mask)
-            for name, s in zip(_stat_names(wrapper.names), stats, strict=True)
+            for name, s in zip(textencoder.output_names(wrapper.names)[2:], stats, strict=True)
         ),
     }
 
@@ -151,12 +151,8 @@ def vs_reference(
     """The graph against the float64 NumPy reference on the weights written beside it."""
     ref = textreference.encode(weights, config, tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)
     mask = tokens.attention_mask
-    stats = {f"{name}.{s}": pair[i] for name, pair in ref.layer_norms.items() for i, s in enumerate(("mean", "std"))}
+    stats = {f"{name}.{s}": pair[i] for name, pair in ref.layer_norms.items() for i, s in enumerate(textencoder.STATS)}
     return figures(onnx_out["sentence_embedding"], ref.sentence_embedding) | {
         "last_hidden_state_max_abs": at_tokens(onnx_out["last_hidden_state"], ref.last_hidden_state, mask),
         "layer_norms_max_abs": max(at_tokens(onnx_out[name], value, mask) for name, value in stats.items()),
     }
-
-
-def _stat_names(layer_norms: Sequence[str]) -> list[str]:
-    return [f"{ln}.{stat}" for ln in layer_norms for stat in ("mean", "std")]

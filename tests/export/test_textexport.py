@@ -128,10 +128,13 @@ def _own_tokens(case: Case, texts: list[str]) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, dtype=np.int64) for k, v in enc.items()}
 
 
+@pytest.mark.parametrize("texts", [UNSEEN, UNSEEN[:1]], ids=["padded-batch", "one-text-no-padding"])
 @pytest.mark.parametrize("case_id", CASES)
-def test_the_written_graph_answers_as_the_users_model_on_unseen_texts(cases: dict[str, Case], case_id: str) -> None:
+def test_the_written_graph_answers_as_the_users_model_on_unseen_texts(
+    cases: dict[str, Case], case_id: str, texts: list[str]
+) -> None:
     case = cases[case_id]
-    feeds = _own_tokens(case, UNSEEN)
+    feeds = _own_tokens(case, texts)
     session = ort.InferenceSession(str(case.version / "model.onnx"), providers=["CPUExecutionProvider"])
     got, hidden_got = session.run(["sentence_embedding", "last_hidden_state"], feeds)
     model = transformers.AutoModel.from_pretrained(str(case.tiny.path), attn_implementation="eager").eval()
