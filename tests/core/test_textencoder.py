@@ -338,6 +338,7 @@ def test_routes_that_cannot_serve_a_text_encoder_answer_4xx_naming_the_kinds(rep
     """Open Inference Protocol inference over HTTP and gRPC (whose metadata describes the token inputs), /normalize
     and /encode: each refuses a text encoder by name, never with a 5xx."""
     import tritonclient.grpc as tg
+    import tritonclient.http as th
     from tritonclient.utils import InferenceServerException
 
     env = {"NORMSERVE_MODEL_DIR": str(repository / "models")}
@@ -362,10 +363,21 @@ def test_routes_that_cannot_serve_a_text_encoder_answer_4xx_naming_the_kinds(rep
                 client.infer("roberta", inputs)
         finally:
             client.close()
+        binary = th.InferenceServerClient(base.removeprefix("http://"))
+        try:
+            inputs = []
+            for name in ("input_ids", "attention_mask"):
+                inputs.append(th.InferInput(name, [1, 3], "INT64"))
+                inputs[-1].set_data_from_numpy(tokens, binary_data=True)
+            with pytest.raises(InferenceServerException) as http_binary:
+                binary.infer("roberta", inputs)
+        finally:
+            binary.close()
     message = "model 'roberta' is of kind text-encoder; inference over the Open Inference Protocol takes the kinds "
     message += "layernorm and encoder"
     assert (http_v2.status_code, http_v2.json()) == (400, {"error": f"model: {message}"})
     assert (grpc_v2.value.status(), grpc_v2.value.message()) == ("StatusCode.INVALID_ARGUMENT", f"model: {message}")
+    assert (http_binary.value.status(), http_binary.value.message()) == ("400", f"model: {message}")
     assert [(t["name"], t["datatype"], t["shape"]) for t in metadata["inputs"]] == [
         ("input_ids", "INT64", ["-1", "-1"]),
         ("attention_mask", "INT64", ["-1", "-1"]),
