@@ -228,7 +228,7 @@ class Model(ABC):
         """One onnxruntime run, merged batches included: each is observed (metrics, Triton's execution count)."""
         start = time.perf_counter()
         result: list[np.ndarray] = self.session.run(outputs, dict(feeds), options)
-        rows = len(next(iter(feeds.values())))  # every feed's first dim is the batch
+        rows = len(next(iter(feeds.values())))  # every kind feeds its batched input first (input, input_ids)
         self._observe(self.name, self.version, time.perf_counter() - start, rows, self.warming)
         return result
 
