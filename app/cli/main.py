@@ -21,6 +21,9 @@ def export(argv: list[str]) -> int:
     args = parse_args(argv)  # --help and bad flags answer before torch is needed
     try:
         from app.export.exporter import run
+
+        if args.kind == "text-encoder":
+            from app.export import textexport  # noqa: F401 - transformers and sentence-transformers, the extra's too
     except ImportError as e:  # torch and onnx are the `export` extra, absent from the runtime image
         return needs_extra("export", "export", e.name)
     from app.cli.console import Steps
@@ -67,7 +70,8 @@ COMMANDS = {"export": export, "serve": _serve, "validate": _validate, "models": 
 
 USAGE = """usage: normserve {export,serve,validate,models,bench} [--help]
 
-  export    export the default models, or a trained encoder or layernorm of yours, into the model repository
+  export    export the default models, a trained encoder or layernorm of yours, or a Hugging Face text encoder
+            (export text-encoder), into the model repository
   serve     serve /normalize, /encode and the V2 protocol (exports first if needed)
   validate  run every model against the NumPy reference and print a parity table
   models    list, load and unload a running server's models; migrate the old models/ layout

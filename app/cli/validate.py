@@ -4,6 +4,8 @@ A plan is a list of steps (a description and the work), so that the CLI can show
 Remote: /normalize outputs are compared here with app.reference in float64 on fixed seeded inputs (both
 eps modes, gamma/beta, one and two normalized dims); the encoders' weights stay on the server, so
 /encode is asked to check itself (`validate: true`) and its figures are reported.
+In process, a text encoder also runs the validation texts (the short ones together, then each alone) against the float64
+reference: its sentence embedding, hidden states and LayerNorm statistics. No route checks one over HTTP yet.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from app.core import reference
 from app.core.layernorm import FLOAT32_ULP, NORMALIZE_ATOL
 from app.core.model import Model, ModelLoadError
 from app.core.repository import LegacyLayout
+from app.core.textencoder import TextEncoderModel
 from app.server.control import LOAD_ERRORS
 from app.server.worker import Worker
 from app.settings import Settings
@@ -35,6 +38,18 @@ NORMALIZE_CASES = (
     ("std k=1 gamma/beta", (4, 16), 1, 1e-6, "std", True, 0.0),
     ("var k=2 gamma/beta +100", (3, 5, 16), 2, 1e-5, "var", True, 100.0),
     ("std k=2 +100", (3, 5, 16), 2, 1e-5, "std", False, 100.0),
+)
+
+
+# A text encoder's validation texts: other scripts and lengths than its warm-up's, the last past any maximum length.
+VALIDATION_TEXTS = (
+    "How many people live in Berlin?",
+    "Berlin hat rund 3,8 Millionen Einwohner.",
+    "Москва — столица России.",
+    "القاهرة هي عاصمة مصر",
+    "中文、日本語、한국어 mixed with English and numbers 1234567890.",
+    "x",
+    " ".join(["every word of this text counts toward the maximum length"] * 80),
 )
 
 
@@ -59,7 +74,7 @@ Step = tuple[str, Callable[[], list[Check]]]
 
 def in_process_plan(model_dir: Path, atol: float | None = None) -> list[Step]:
     """The steps of Worker.start, one by one: load every version the repository's policies select (sha256,
-    sessions), then the parity warm-up of each."""
+    sessions), then the parity warm-up of each; a text encoder's also on the validation texts."""
     worker = Worker(Settings(model_dir=model_dir))
     try:  # before any step: a missing repository or the old layout is a plain one-line error
         worker.runtime.repository.check_layout()
@@ -76,12 +91,24 @@ def in_process_plan(model_dir: Path, atol: float | None = None) -> list[Step]:
 
     def warm_up() -> list[Check]:
         figures = worker.warm_up(built)  # ModelLoadError past its own tolerance: the CLI reports it
-        return [
+        checks = [
             Check(f"{name}/{version}", "warm-up vs NumPy", diff, own if atol is None else atol)
             for (name, version), (diff, own) in figures.items()
         ]
+        return checks + [
+            Check(f"{m.name}/{m.version}", f"texts: {what}", diff, own if atol is None else atol)
+            for m in built
+            if isinstance(m, TextEncoderModel)
+            for what, (diff, own) in text_figures(m).items()
+        ]
 
     return [(f"verifying sha256 and loading {model_dir}", load), ("parity warm-up against NumPy", warm_up)]
+
+
+def text_figures(model: TextEncoderModel) -> dict[str, tuple[float, float]]:
+    """The worst (max abs diff, tolerance) of each output over the validation texts, the short ones batched
+    together and each alone: an answer must not depend on what it was padded with."""
+    return model.check(VALIDATION_TEXTS[:-1], *([text] for text in VALIDATION_TEXTS))
 
 
 def remote_plan(url: str, atol: float | None = None) -> list[Step]:
@@ -93,6 +120,9 @@ def remote_plan(url: str, atol: float | None = None) -> list[Step]:
     steps: list[Step] = []
     for name, version, meta in _serving(base):
         shapes = {t["name"]: t["shape"] for t in meta.get("inputs", [])}
+        if "input_ids" in shapes:  # a text encoder: its weights stay on the server, which has no route to check it
+            steps.append((f"{name} v{version}: a text encoder, not checked over HTTP (validate in process)", list))
+            continue
         if "padding_mask" in shapes:
             steps.append(
                 (f"POST /encode ({name} v{version}, validate: true)", _encode_step(base, name, version, rng, atol))

@@ -87,14 +87,15 @@ def positive_float(config: Mapping[str, Any], key: str, where: Path, default: fl
     return float(value)
 
 
-def read_weights(loaded: Loaded) -> dict[str, np.ndarray]:
-    """weights.npz as float64 arrays; it must be listed in the manifest's files, so that its sha256 was checked."""
+def read_weights(loaded: Loaded, dtype: type[np.floating[Any]] = np.float64) -> dict[str, np.ndarray]:
+    """weights.npz as float64 (or dtype) arrays; it must be listed in the manifest's files, so that its sha256 was
+    checked."""
     path = loaded.path.parent / WEIGHTS_FILE
     if WEIGHTS_FILE not in loaded.entry.get("files", {}):
         raise ModelLoadError(f"{path}: not listed in the manifest's files, so its sha256 cannot be checked")
     try:
         with np.load(path, allow_pickle=False) as npz:  # no pickle: weights are plain arrays
-            return {k: npz[k].astype(np.float64) for k in npz.files}
+            return {k: npz[k].astype(dtype) for k in npz.files}
     except Exception as e:  # a zip that is not one, an array that is not numbers, a missing file
         raise ModelLoadError(f"{path}: unreadable weights ({describe(e)})") from None
 
@@ -232,7 +233,8 @@ class Model(ABC):
         """One onnxruntime run, merged batches included: each is observed (metrics, Triton's execution count)."""
         start = time.perf_counter()
         result: list[np.ndarray] = self.session.run(outputs, dict(feeds), options)
-        self._observe(self.name, self.version, time.perf_counter() - start, len(feeds["input"]), self.warming)
+        rows = len(next(iter(feeds.values())))  # every kind feeds its batched input first (input, input_ids)
+        self._observe(self.name, self.version, time.perf_counter() - start, rows, self.warming)
         return result
 
     @functools.cached_property

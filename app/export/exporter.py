@@ -61,19 +61,19 @@ def export_defaults(
     checkpoint / checkpoint_preln are state_dict files of normserve's Encoder (default: seeded weights).
     """
     say = progress or (lambda _message: None)
-    _check_opset(opset)
+    check_opset(opset)
     check_config(config)
     encoders = {
         "encoder": _default_encoder(dataclasses.replace(config, norm_first=False), checkpoint, seed),
         "encoder-preln": _default_encoder(dataclasses.replace(config, norm_first=True), checkpoint_preln, seed),
     }
     root = Path(repository)
-    with _writing(root, say), contextlib.ExitStack() as stack:
+    with writing(root, say), contextlib.ExitStack() as stack:
         staged = {name: stack.enter_context(versions.staging(root, name)) for name in ("layernorm", *encoders)}
         manifests = {"layernorm": builds.build_layernorm(staged["layernorm"], "layernorm", None, opset, tolerance, say)}
         for name, model in encoders.items():
             manifests[name] = builds.build_encoder(staged[name], name, model, opset, tolerance, say)
-        exported = [_commit(root, name, staged[name], m, DEFAULT_VERSION) for name, m in manifests.items()]
+        exported = [commit_version(root, name, staged[name], m, DEFAULT_VERSION) for name, m in manifests.items()]
     say(f"wrote {', '.join(f'{e.name}/{e.version}' for e in exported)} to {root}")
     return exported
 
@@ -96,7 +96,7 @@ def export_encoder(
     from the checkpoint (checkpoints.py) or the module (sources.py), whose own forward parity is measured against.
     """
     say = progress or (lambda _message: None)
-    _check_opset(opset)
+    check_opset(opset)
     model, against, source = _read_encoder(
         module, checkpoint, {k: v for k, v in (sizes or {}).items() if v is not None}
     )
@@ -107,7 +107,7 @@ def export_encoder(
     if checkpoint is not None and module is None and check is None:
         say(f"note: {state_dict_note(model.cfg)}")
     root = Path(repository)
-    with _writing(root, say), versions.staging(root, name) as folder:
+    with writing(root, say), versions.staging(root, name) as folder:
         manifest = builds.build_encoder(folder, name, model, opset, tolerance, say, against)
         manifest["source"] = source
         if check is not None:
@@ -116,7 +116,7 @@ def export_encoder(
             say(
                 f"check {name}: {manifest['check']['max_abs_diff']:.1e} from {check.output} (tolerance {tolerance:.0e})"
             )
-        return _commit(root, name, folder, manifest, None)
+        return commit_version(root, name, folder, manifest, None)
 
 
 def state_dict_note(cfg: EncoderConfig) -> str:
@@ -158,7 +158,7 @@ def export_layernorm(
 ) -> Exported:
     """A trained torch.nn.LayerNorm as the next version of name: the default graph, with its gamma, beta and eps."""
     say = progress or (lambda _message: None)
-    _check_opset(opset)
+    check_opset(opset)
     if module is not None:
         learned = sources.user_layernorm(sources.load_module(module), module)
     elif checkpoint is not None:
@@ -168,12 +168,12 @@ def export_layernorm(
     if not learned.eps > 0:
         raise ValueError(f"eps must be positive, got {learned.eps}")
     root = Path(repository)
-    with _writing(root, say), versions.staging(root, name) as folder:
+    with writing(root, say), versions.staging(root, name) as folder:
         manifest = builds.build_layernorm(folder, name, learned.eval(), opset, tolerance, say)
         if check is not None:
             session = graph.load_session(folder / MODEL_FILE, layernorm_kind.INPUTS, layernorm_kind.OUTPUTS)
             manifest["check"] = checks.check_layernorm(session, learned, check, tolerance)
-        return _commit(root, name, folder, manifest, None)
+        return commit_version(root, name, folder, manifest, None)
 
 
 def _layernorm_from_state(checkpoint: Path, eps: float) -> torch.nn.LayerNorm:
@@ -186,7 +186,7 @@ def _layernorm_from_state(checkpoint: Path, eps: float) -> torch.nn.LayerNorm:
 
 
 @contextlib.contextmanager
-def _writing(root: Path, say: Progress) -> Iterator[None]:
+def writing(root: Path, say: Progress) -> Iterator[None]:
     """The repository ready (created, or migrated from the old layout); a repository this created goes if it fails."""
     created = not root.exists()
     versions.prepare(root, say)
@@ -199,13 +199,13 @@ def _writing(root: Path, say: Progress) -> Iterator[None]:
         raise
 
 
-def _commit(root: Path, name: str, folder: Path, manifest: dict[str, Any], version: int | None) -> Exported:
+def commit_version(root: Path, name: str, folder: Path, manifest: dict[str, Any], version: int | None) -> Exported:
     version = versions.commit(root, name, folder, manifest, version)
     target = root / name / str(version)
     return Exported(name, version, target, json.loads((target / MANIFEST).read_text()))
 
 
-def _check_opset(opset: int) -> None:
+def check_opset(opset: int) -> None:
     if opset < MIN_OPSET:  # torch 2.13 builds opset-18 graphs; converted down, Split keeps an opset-18 attribute
         raise ValueError(f"opset {opset} is not supported: torch {torch.__version__} exports {MIN_OPSET} or newer")
 
@@ -230,12 +230,18 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
     say = progress or (lambda message: print(message, file=sys.stderr, flush=True))
     common: dict[str, Any] = {"opset": args.opset, "tolerance": args.tolerance, "progress": say}
     try:
-        if args.kind is not None:
-            common |= {"module": args.module, "check": checks.from_args(args)}
-        if args.kind == "encoder":
+        if args.kind == options.TEXT_ENCODER:
+            from app.export.textexport import export_text_encoder  # transformers, imported for this command alone
+
+            head = {"max_seq_length": args.max_sequence_length, "pooling": args.pooling, "normalize": args.normalize}
+            text = {"check_texts": args.check_texts, "version": args.version, **head}
+            exported = [export_text_encoder(args.repository, args.name, args.hf, **text, **common)]
+        elif args.kind == "encoder":
             sizes = options.encoder_sizes(args)
+            common |= {"module": args.module, "check": checks.from_args(args)}
             exported = [export_encoder(args.repository, args.name, args.checkpoint, sizes=sizes, **common)]
         elif args.kind == "layernorm":
+            common |= {"module": args.module, "check": checks.from_args(args)}
             exported = [export_layernorm(args.repository, args.name, args.checkpoint, eps=args.eps, **common)]
         else:
             exported = export_defaults(

@@ -25,7 +25,11 @@ from torch import nn
 from app.core.model import Signature
 from app.core.repository import MODEL_FILE
 
-_DATATYPES: dict[int, str] = {onnx.TensorProto.FLOAT: "FP32", onnx.TensorProto.BOOL: "BOOL"}
+_DATATYPES: dict[int, str] = {
+    onnx.TensorProto.FLOAT: "FP32",
+    onnx.TensorProto.BOOL: "BOOL",
+    onnx.TensorProto.INT64: "INT64",  # a text encoder's token ids
+}
 
 
 class ExportError(RuntimeError):
@@ -47,7 +51,7 @@ def to_onnx(
     """
     axes = {d: torch.export.Dim(d, max=max_dims.get(d)) for _, shape in inputs for d in shape if isinstance(d, str)}
     dynamic_shapes = tuple({i: axes[d] for i, d in enumerate(shape) if isinstance(d, str)} for _, shape in inputs)
-    with _quiet_torch_export():
+    with quiet_torch_export():
         program = torch.onnx.export(
             module,
             example,
@@ -62,7 +66,12 @@ def to_onnx(
             verbose=False,
         )
     assert program is not None, "torch.onnx.export(dynamo=True) returns an ONNXProgram"
-    proto = _without_sources(program.model_proto)
+    return checked(program.model_proto)
+
+
+def checked(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The exported graph stripped of source paths, or ExportError when onnx.checker rejects it."""
+    proto = _without_sources(proto)
     try:
         onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError as e:
@@ -80,7 +89,7 @@ def _without_sources(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 @contextlib.contextmanager
-def _quiet_torch_export() -> Iterator[None]:
+def quiet_torch_export() -> Iterator[None]:
     """Silence the exporter's own chatter; the result is verified by the checker and parity instead.
 
     torch 2.13 warns about its internal pytree API and about axis names shared by several inputs

@@ -10,21 +10,27 @@ would overwrite them.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from app.core.reference import ACTIVATIONS, POSITIONAL_ENCODINGS, EncoderConfig
-from app.core.repository import NAME
+from app.core.repository import NAME, check_version
 
 CONFIG_FLAGS = ("d_model", "num_heads", "d_ff", "num_layers", "max_sequence_length")  # --d-model ...
 KINDS = ("encoder", "layernorm")
+TEXT_ENCODER = "text-encoder"  # a Hugging Face folder: flags of its own, none shared with the kinds above
+POOLINGS = ("mean", "cls", "none")  # app.core.textreference.POOLINGS, which imports NumPy only
+DEFAULT_TEXT_TOLERANCE = 2e-5  # max abs of the embeddings against the user's model (API.md section 12)
 DEFAULT_EPS = 1e-5  # torch.nn.LayerNorm's: a checkpoint does not hold eps (the module does)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The flags of whichever command argv[0] names; `kind` is None for the defaults, else encoder or layernorm."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == TEXT_ENCODER:
+        return _text_encoder_parser().parse_args(argv[1:], argparse.Namespace(kind=TEXT_ENCODER))
     if argv and argv[0] in KINDS:
         parser = _encoder_parser() if argv[0] == "encoder" else _layernorm_parser()
         args = parser.parse_args(argv[1:], argparse.Namespace(kind=argv[0]))
@@ -42,7 +48,8 @@ def _defaults_parser() -> argparse.ArgumentParser:
         description="Export the default models (layernorm, encoder, encoder-preln) as version 1 of each, replacing "
         "it; nothing is written if a model fails onnx.checker or parity against PyTorch and NumPy. "
         "A repository in the old layout (a top-level manifest.json) is migrated first.",
-        epilog="A trained model of your own: `normserve export encoder --help`, `normserve export layernorm --help`.",
+        epilog="A trained model of your own: `normserve export encoder --help`, `normserve export layernorm --help`; "
+        "a Hugging Face text encoder: `normserve export text-encoder --help`.",
     )
     parser.add_argument(
         "--repository",
@@ -107,6 +114,53 @@ def _layernorm_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _text_encoder_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"normserve export {TEXT_ENCODER}",
+        description="Export a Hugging Face BERT-family text encoder (bert, roberta, xlm-roberta, distilbert) from a "
+        "local folder as the next version of --name (1 for a new name). Nothing is fetched from a hub. Nothing is "
+        "written if the folder holds another architecture, code of its own (trust_remote_code), no tokenizer.json "
+        "or an adapter, or if the graph's embeddings differ from PyTorch's, sentence-transformers' or the NumPy "
+        "reference's beyond the bounds.",
+    )
+    parser.add_argument("--name", type=model_name, required=True, help=f"model name, matching {NAME.pattern}")
+    parser.add_argument(
+        "--hf",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help="a folder as save_pretrained or sentence-transformers write it: config.json, model.safetensors (or "
+        "pytorch_model.bin, loaded weights-only), tokenizer.json; modules.json, 1_Pooling/config.json and "
+        "sentence_bert_config.json where present",
+    )
+    head = parser.add_argument_group("the head: read from the folder unless given")
+    head.add_argument(
+        "--max-sequence-length",
+        type=int,
+        help="tokens a text is truncated to (default: sentence_bert_config.json's "
+        "max_seq_length, else config.json's max_position_embeddings less RoBERTa's offset)",
+    )
+    head.add_argument("--pooling", choices=POOLINGS, help="default: 1_Pooling/config.json's mode; mean without it")
+    norm = head.add_mutually_exclusive_group()
+    norm.add_argument("--normalize", dest="normalize", action="store_const", const=True, help="L2-normalize")
+    norm.add_argument("--no-normalize", dest="normalize", action="store_const", const=False, help="do not")
+    parser.set_defaults(normalize=None)  # a Normalize module in modules.json, else none
+    parser.add_argument(
+        "--tolerance",
+        type=positive_float,
+        default=DEFAULT_TEXT_TOLERANCE,
+        help=f"max abs of the embeddings against your model (default {DEFAULT_TEXT_TOLERANCE:g}); cosine at "
+        "least 0.99999 always",
+    )
+    parser.add_argument("--check-texts", type=Path, metavar="FILE", help="texts of yours, one a line, for parity")
+    parser.add_argument("--version", type=version_number, help="write this version, replacing it (default: the next)")
+    parser.add_argument(
+        "--repository", "--model-dir", type=Path, default=Path("models"), help="model repository (default: models)"
+    )
+    parser.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18)")
+    return parser
+
+
 def _kind_parser(kind: str, module: str, checkpoint: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"normserve export {kind}",
@@ -149,6 +203,25 @@ def model_name(value: str) -> str:
     if not NAME.fullmatch(value):
         raise argparse.ArgumentTypeError(f"expected a model name matching {NAME.pattern}, got {value!r}")
     return value
+
+
+def version_number(value: str) -> int:
+    """--version as the repository names versions: 1, 2, ..."""
+    try:
+        return check_version(value, "")  # no field: argparse names the flag
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def positive_float(value: str) -> float:
+    """--tolerance: a bound of zero, a negative one or NaN would fail every export, or none."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not 0 < number < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+    return number
 
 
 def config(args: argparse.Namespace) -> EncoderConfig:

@@ -244,3 +244,67 @@ def test_remote_plan_checks_every_version_of_a_users_learned_layernorm(tmp_path:
         ("my-ln/2", "learned"),
     ]
     assert all(c.passed for c in checks)
+
+
+# ---- text encoders ------------------------------------------------------------------------------------
+
+TEXT_CHECKS = ["embedding", "hidden states", "LayerNorm mean", "LayerNorm std"]
+
+
+@pytest.fixture(scope="module")
+def text_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The repo's layernorm beside a tiny random BERT and DistilBERT exported as text encoders."""
+    pytest.importorskip("transformers")
+    from app.export.textexport import export_text_encoder
+    from tests.textmodels import tiny_model
+
+    root = tmp_path_factory.mktemp("text")
+    models = copy_models(root / "models", ("layernorm",))
+    for model_type in ("bert", "distilbert"):
+        export_text_encoder(models, f"tiny-{model_type}", tiny_model(root / model_type, model_type).path)
+    return models
+
+
+def test_in_process_plan_checks_each_text_encoder_on_the_validation_texts(text_models: Path) -> None:
+    (_, load), (_, warm_up) = in_process_plan(text_models)
+    load()
+    checks = warm_up()
+    assert [(c.model, c.check) for c in checks] == [
+        ("layernorm/1", "warm-up vs NumPy"),
+        ("tiny-bert/1", "warm-up vs NumPy"),
+        ("tiny-distilbert/1", "warm-up vs NumPy"),
+        *((f"tiny-{t}/1", f"texts: {what}") for t in ("bert", "distilbert") for what in TEXT_CHECKS),
+    ]
+    assert all(c.passed and 0 < c.max_abs_diff for c in checks)
+    # The sentence embedding within 1e-5 of the reference; the others within 1e-5 of their magnitude.
+    assert [c.atol for c in checks if c.check == "texts: embedding"] == [1e-5, 1e-5]
+    assert all(c.atol >= 1e-5 for c in checks[3:])
+
+
+def test_in_process_plan_with_atol_holds_text_encoders_to_it(text_models: Path) -> None:
+    (_, load), (_, warm_up) = in_process_plan(text_models, atol=1e-12)
+    load()
+    checks = warm_up()
+    assert [(c.atol, c.passed) for c in checks] == [(1e-12, False)] * (3 + 2 * len(TEXT_CHECKS))
+
+
+def test_validate_in_process_prints_the_text_encoders_figures(text_models: Path) -> None:
+    out = run("validate", "--model-dir", str(text_models))
+    assert out.returncode == 0, out.stderr
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.stdout.splitlines() if "texts: " in line]
+    assert [(row[0], row[1], row[-1]) for row in rows] == [
+        (f"tiny-{t}/1", f"texts: {what}", "pass") for t in ("bert", "distilbert") for what in TEXT_CHECKS
+    ]
+    assert "all 11 checks passed" in out.stdout
+
+
+def test_remote_plan_says_a_text_encoder_is_not_checked_over_http(text_models: Path) -> None:
+    with live_server({"NORMSERVE_MODEL_DIR": str(text_models)}) as base:
+        plan = remote_plan(base)
+        checks = [check for _, step in plan for check in step()]
+    assert [description for description, _ in plan] == [
+        *(f"POST /normalize (layernorm/1, {case[0]})" for case in NORMALIZE_CASES),
+        "tiny-bert v1: a text encoder, not checked over HTTP (validate in process)",
+        "tiny-distilbert v1: a text encoder, not checked over HTTP (validate in process)",
+    ]
+    assert [c.model for c in checks] == ["layernorm/1"] * len(NORMALIZE_CASES)

@@ -15,6 +15,7 @@ from app.core.encoder import EncoderModel
 from app.core.layernorm import WARM_UP_ATOL, LayerNormModel
 from app.core.model import ModelLoadError
 from app.core.runtime import KINDS, IndexRow, Runtime, State, VersionState, session_options
+from app.core.textencoder import TextEncoderModel
 from app.errors import InvalidInput, ModelNotFound
 from app.settings import Settings
 from tests.conftest import DEFAULT_MODELS
@@ -38,7 +39,7 @@ def _sha256(path: Path) -> str:
 
 
 def test_kinds_name_each_class_by_its_kind() -> None:
-    assert KINDS == {"layernorm": LayerNormModel, "encoder": EncoderModel}
+    assert KINDS == {"layernorm": LayerNormModel, "encoder": EncoderModel, "text-encoder": TextEncoderModel}
 
 
 def test_load_builds_every_default_model_by_its_kinds_class(runtime: Runtime) -> None:
@@ -70,7 +71,10 @@ def test_an_unknown_kind_is_refused_naming_the_folder_and_the_known_kinds(models
     (models / "encoder/1/manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ModelLoadError) as e:
         Runtime(Settings(model_dir=models)).build("encoder", 1)
-    assert str(e.value) == f"{models}/encoder/1: unknown kind 'rnn'; expected one of ['encoder', 'layernorm']"
+    assert (
+        str(e.value)
+        == f"{models}/encoder/1: unknown kind 'rnn'; expected one of ['encoder', 'layernorm', 'text-encoder']"
+    )
 
 
 @pytest.mark.parametrize(("name", "file"), [("layernorm", "model.onnx"), ("encoder-preln", "weights.npz")])

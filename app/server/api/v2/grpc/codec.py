@@ -33,6 +33,7 @@ CONTENTS = {
     "FP64": "fp64_contents",
     "FP16": "fp32_contents",
     "BF16": "fp32_contents",
+    "INT64": "int64_contents",  # a text encoder's token ids
 }
 RAW = "raw_input_contents"
 # Triton marks every stream response with it (true: no more responses to this request); client loops wait for it.

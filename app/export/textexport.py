@@ -1,0 +1,117 @@
+"""`normserve export text-encoder`: a Hugging Face BERT-family folder as the next version of a text encoder.
+
+The folder is refused by name before anything is loaded when normserve cannot serve it (textsource.py). Otherwise
+the version is staged whole (versions.py): model.onnx, weights.npz (what the NumPy reference reads), the tokenizer
+files, and the manifest with the parity figures; it lands only when the tokens equal the model's own tokenizer's
+and every parity holds.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from app.core.repository import MODEL_FILE, WEIGHTS_FILE
+from app.core.textencoder import TextInput
+from app.core.textreference import TextConfig
+from app.export import builds, graph, textgraph, textparity, textsource, versions
+from app.export.builds import ParityError
+from app.export.exporter import Exported, check_opset, commit_version, writing
+
+Progress = Callable[[str], None]
+DEFAULT_TOLERANCE = 2e-5  # max abs of the embeddings against the user's model (API.md section 12)
+
+
+def export_text_encoder(
+    repository: Path,
+    name: str,
+    hf: Path,
+    *,
+    max_seq_length: int | None = None,
+    pooling: str | None = None,
+    normalize: bool | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    check_texts: Path | None = None,
+    version: int | None = None,
+    opset: int = 18,
+    progress: Progress | None = None,
+) -> Exported:
+    """The folder at hf as version `version` of name (default: the next); pooling, normalize and max_seq_length
+    override the folder's. Nothing lands unless every check holds."""
+    say = progress or (lambda _message: None)
+    check_opset(opset)
+    source = textsource.read(Path(hf))
+    head = textsource.chosen_head(source, pooling, normalize, max_seq_length)
+    config = textsource.text_config(source, head)
+    batch = textparity.texts(head.max_seq_length, check_texts)
+    started = time.perf_counter()
+    say(f"loading {source.path} ({source.model_type}, {head.pooling} pooling, max {head.max_seq_length} tokens) ...")
+    model = textgraph.load_model(source.path)
+    wrapper = textgraph.TextEncoderGraph(model, head, config.has_token_types)
+    root = Path(repository)
+    with writing(root, say), versions.staging(root, name) as folder:
+        say(f"exporting {name} (text-encoder, opset {opset}) ...")
+        proto, inputs, outputs = textgraph.to_onnx(wrapper, config, opset)
+        manifest: dict[str, Any] = {"kind": "text-encoder", **graph.write_onnx(folder, proto), **builds.provenance()}
+        session = graph.load_session(folder / MODEL_FILE, inputs, outputs)
+        weights = textgraph.weights(model)
+        graph.save_npz(folder / WEIGHTS_FILE, weights)
+        for file in textsource.TOKENIZER_FILES:
+            if (source.path / file).is_file():
+                shutil.copyfile(source.path / file, folder / file)
+        tokens, truncated = textparity.served_tokens(folder, batch, config, head)
+        checked = textparity.check_tokens(source.path, batch, tokens, head, truncated)
+        manifest |= {"config": source.config, **textsource.manifest_head(head), "layer_norms": wrapper.names}
+        manifest["parity"] = _parity(
+            name, source, head, batch, tokens, session, wrapper, weights, config, tolerance, say
+        )
+        manifest["parity"]["tokenizer"] = checked
+        manifest["source"] = {"class": type(model).__name__, "sentence_transformers": source.sentence_transformers}
+        say(f"exported and checked {name} in {time.perf_counter() - started:.1f} s")
+        return commit_version(root, name, folder, manifest, version)
+
+
+def _parity(
+    name: str,
+    source: textsource.TextSource,
+    head: textsource.Head,
+    batch: list[str],
+    tokens: TextInput,
+    session: ort.InferenceSession,
+    wrapper: textgraph.TextEncoderGraph,
+    weights: dict[str, np.ndarray],
+    config: TextConfig,
+    tolerance: float,
+    say: Progress,
+) -> dict[str, Any]:
+    """Each comparison measured, said and recorded; ParityError naming the first that fails its bound."""
+    out = textparity.run(session, tokens)
+    st = None
+    if source.sentence_transformers and head == source.head:  # flags that change the head change the model
+        st = textparity.vs_sentence_transformers(source.path, batch, out, head)
+    compared = {
+        "onnx_vs_torch": (textparity.vs_torch(out, wrapper, tokens, head), tolerance),
+        "onnx_vs_sentence_transformers": (st, tolerance),
+        "onnx_vs_reference": (textparity.vs_reference(out, weights, config, tokens), textparity.REFERENCE_ATOL),
+    }
+    for what, (got, bound) in compared.items():
+        if got is None:
+            continue
+        figures = f"{what}: worst cosine 1 - {1 - got['cosine']:.1e}, max abs {got['max_abs']:.2e}"
+        say(f"parity {name}: {figures} (at most {bound:.0e})")
+        if not (got["cosine"] >= textparity.COSINE_MIN and got["max_abs"] <= bound):  # NaN fails too
+            raise ParityError(
+                f"parity failed for {name}: {figures} (bounds: cosine at least {textparity.COSINE_MIN}, max abs at "
+                f"most {bound:.0e}) on {len(batch)} texts; nothing written"
+            )
+    return {what: got for what, (got, _) in compared.items()} | {
+        "cosine_min": textparity.COSINE_MIN,
+        "tolerance": tolerance,
+        "reference_tolerance": textparity.REFERENCE_ATOL,
+    }

