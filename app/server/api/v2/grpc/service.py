@@ -10,6 +10,7 @@ Worker.serve runs it with admission, the timeout (or the client's shorter deadli
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -17,13 +18,23 @@ from tritonclient.grpc import service_pb2 as pb
 
 from app.core.model import Model
 from app.core.repository import check_name
-from app.errors import ExtensionNotSupported, InvalidInput, ModelNotFound, NotReady
+from app.errors import (
+    BodyTimeout,
+    BudgetExhausted,
+    ExtensionNotSupported,
+    InvalidInput,
+    ModelNotFound,
+    NormserveError,
+    NotReady,
+    Overloaded,
+)
 from app.server import budget
 from app.server.api.admin import check_token, grpc_values
 from app.server.api.v2 import rules
 from app.server.api.v2.grpc import calls, codec, messages, wire
 from app.server.api.v2.grpc.calls import Call
 from app.server.api.v2.grpc.tracelog import TraceLogRPCs
+from app.server.budget import Body
 from app.server.worker import Worker, arrived
 
 SERVICE = "inference.GRPCInferenceService"
@@ -112,7 +123,7 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
         return name
 
     async def ModelInfer(self, request: Any, context: Any, call: Call) -> wire.Encoded:
-        return await self._infer(request, context, call, counted=True)  # by calls.gated, until the call ends
+        return await self._infer(request, context, call)  # counted by calls.gated, until the call ends
 
     # Triton's shared-memory extensions: the tensors' bytes come in the request, never from a region.
     SystemSharedMemoryStatus = SystemSharedMemoryRegister = SystemSharedMemoryUnregister = unsupported(SYSTEM_SHM)
@@ -122,13 +133,21 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
         """One answer per request, in the order sent; up to STREAM_WINDOW of them computed at once.
 
         An error answers its request with `error_message` (and its id), and the stream goes on, as in Triton.
+        At most NORMSERVE_MAX_IN_FLIGHT streams are open per worker (past it UNAVAILABLE), and a stream with no
+        request in flight ends DEADLINE_EXCEEDED after NORMSERVE_STREAM_IDLE_S: 80 streams that sent nothing had
+        taken every RPC slot of a worker, health checks' too, for as long as they stayed open (issue 37, D3).
         """
-        answers: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue()
+        limit = self.worker.settings.max_in_flight
+        if len(self._readers) >= limit:
+            raise Overloaded(f"{len(self._readers)} streams open, the limit (NORMSERVE_MAX_IN_FLIGHT)")
+        answers: asyncio.Queue[asyncio.Task[Any] | NormserveError | None] = asyncio.Queue()
         window = asyncio.Semaphore(STREAM_WINDOW)
         reader = asyncio.ensure_future(self._read(requests, context, answers, window))
         self._readers.add(reader)
         try:
             while (task := await answers.get()) is not None:
+                if isinstance(task, NormserveError):  # the stream's own end: idle, or no room to read on
+                    raise task
                 answer = await task
                 window.release()
                 yield answer
@@ -137,7 +156,7 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
             self._readers.discard(reader)
             while not answers.empty():  # a cancelled stream: its requests not yet answered stop too
                 queued = answers.get_nowait()
-                if queued is not None:
+                if isinstance(queued, asyncio.Task):
                     queued.cancel()
 
     def close(self) -> None:
@@ -146,14 +165,45 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
             reader.cancel()
 
     async def _read(self, requests: Any, context: Any, answers: asyncio.Queue[Any], window: asyncio.Semaphore) -> None:
+        """Each message read only once room for the largest one is held in the budget (its real size kept until it
+        is answered): reading up to STREAM_WINDOW ahead before counting them, 8 streams of 48 MiB messages took a
+        worker to +2.3 GiB (issue 37, D6). Waiting for its next message, a stream's room is promised, not held
+        by bytes: the budget cuts it when others wait (budget.py), which ends the stream."""
+        settings = self.worker.settings
+        idle_late = BodyTimeout(f"no request within {settings.stream_idle_s:g} s (NORMSERVE_STREAM_IDLE_S)", "stream")
+        computing: set[asyncio.Task[Any]] = set()
         try:
-            async for request in requests:
+            while True:
                 await window.acquire()
-                answers.put_nowait(asyncio.ensure_future(self._stream_answer(request, context)))
+                body = await self._room(settings.max_body_bytes, settings.body_timeout_s)
+                if computing:
+                    request = await calls.read_one(body, requests, settings.body_timeout_s)
+                else:  # nothing of this stream in flight: it is idle until a message comes
+                    request = await calls.read_one(body, requests, settings.stream_idle_s, idle_late)
+                if request is None:
+                    break
+                task = asyncio.ensure_future(self._stream_answer(request, context))
+                computing.add(task)
+                task.add_done_callback(computing.discard)
+                task.add_done_callback(body.close)
+                answers.put_nowait(task)
+        except NormserveError as exc:
+            answers.put_nowait(exc)
         except Exception:  # the client went away mid-read: the stream's handler ends with it
             pass
         finally:
             answers.put_nowait(None)
+
+    async def _room(self, reserve: int, within_s: float) -> Body:
+        """Room for a message of up to `reserve` bytes, waiting for it (the stream's client waits meanwhile:
+        grpc's flow control) up to within_s; then the budget's refusal."""
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                return await calls.reserved(self.worker.budget, reserve)
+            except BudgetExhausted:
+                if time.monotonic() >= deadline:
+                    raise
 
     async def _stream_answer(self, request: Any, context: Any) -> Any:
         """One message of a stream, logged and counted as its own call; an error becomes its error_message."""
@@ -178,12 +228,9 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
         call.model = model.name
         return model
 
-    async def _infer(
-        self, request: Any, context: Any, call: Call, stream: bool = False, counted: bool = False
-    ) -> wire.Encoded:
+    async def _infer(self, request: Any, context: Any, call: Call, stream: bool = False) -> wire.Encoded:
+        """Its message is counted in the budget already: calls.gated, or the stream's reader."""
         model = self._model(request.model_name, request.model_version, call)
         infer = codec.InferCodec(model, self.worker.settings, call.bytes_in, final=stream)
-        # A stream's message: grpc has buffered it, counted at once (budget.py) while it is computed.
-        async with self.worker.budget.hold(0 if counted else call.bytes_in):
-            await budget.trim_heap(call.bytes_in)
-            return await self.worker.serve(infer, arrived(request), deadline_s=context.time_remaining())
+        await budget.trim_heap(call.bytes_in)
+        return await self.worker.serve(infer, arrived(request), deadline_s=context.time_remaining())
