@@ -120,9 +120,9 @@ async def reserved(budget: Budget, reserve: int) -> Body:
     return body
 
 
-async def read_one(body: Body, requests: Any, timeout_s: float, late: BodyTimeout | None = None) -> Any:
+async def read_one(body: Body, requests: Any, timeout_s: float) -> Any:
     """The next message of requests within timeout_s (None at the stream's end), its real size left in the body;
-    on a timeout or a cut, the body closed and the 408 raised (`late`, or the body timeout's)."""
+    on a timeout or a cut, the body closed and the 408 raised."""
     try:
         async with asyncio.timeout(timeout_s) as body.reading:
             request = await anext(aiter(requests), None)
@@ -131,7 +131,7 @@ async def read_one(body: Body, requests: Any, timeout_s: float, late: BodyTimeou
         if body.was_cut:
             raise body.stall_error("request") from None
         limit = f"{timeout_s:g} s (NORMSERVE_BODY_TIMEOUT_S)"
-        raise late or BodyTimeout(f"did not arrive in full within {limit}", "request") from None
+        raise BodyTimeout(f"did not arrive in full within {limit}", "request") from None
     except BaseException:
         body.close()
         raise

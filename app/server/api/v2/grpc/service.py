@@ -146,7 +146,7 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
         self._readers.add(reader)
         try:
             while (task := await answers.get()) is not None:
-                if isinstance(task, NormserveError):  # the stream's own end: idle, or no room to read on
+                if isinstance(task, NormserveError):  # the stream's own end: idle
                     raise task
                 answer = await task
                 window.release()
@@ -165,27 +165,38 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
             reader.cancel()
 
     async def _read(self, requests: Any, context: Any, answers: asyncio.Queue[Any], window: asyncio.Semaphore) -> None:
-        """Each message read only once room for the largest one is held in the budget (its real size kept until it
-        is answered): reading up to STREAM_WINDOW ahead before counting them, 8 streams of 48 MiB messages took a
-        worker to +2.3 GiB (issue 37, D6). Waiting for its next message, a stream's room is promised, not held
-        by bytes: the budget cuts it when others wait (budget.py), which ends the stream."""
+        """Each message counted in the budget as it arrives, before the next is read (so a stream holds at most one
+        message uncounted, the one grpc is reading): reading up to STREAM_WINDOW ahead before counting them, 8
+        streams of 48 MiB messages took a worker to +2.3 GiB (issue 37, D6). One the budget has no room for is
+        answered with the refusal, as in-stream errors are. With nothing in flight for NORMSERVE_STREAM_IDLE_S, the
+        stream ends."""
         settings = self.worker.settings
         idle_late = BodyTimeout(f"no request within {settings.stream_idle_s:g} s (NORMSERVE_STREAM_IDLE_S)", "stream")
         computing: set[asyncio.Task[Any]] = set()
+        idle_since = [time.monotonic()]
+        incoming = aiter(requests)
+
+        def answered(task: asyncio.Task[Any]) -> None:
+            computing.discard(task)
+            if not computing:
+                idle_since[0] = time.monotonic()
+
         try:
             while True:
                 await window.acquire()
-                body = await self._room(settings.max_body_bytes, settings.body_timeout_s)
-                if computing:
-                    request = await calls.read_one(body, requests, settings.body_timeout_s)
-                else:  # nothing of this stream in flight: it is idle until a message comes
-                    request = await calls.read_one(body, requests, settings.stream_idle_s, idle_late)
+                arriving = asyncio.ensure_future(anext(incoming, None))
+                while not (await asyncio.wait({arriving}, timeout=self._idle_left(computing, idle_since[0])))[0]:
+                    if not computing and time.monotonic() - idle_since[0] >= settings.stream_idle_s:
+                        arriving.cancel()
+                        raise idle_late
+                request = arriving.result()
                 if request is None:
                     break
-                task = asyncio.ensure_future(self._stream_answer(request, context))
+                body, refused = await self._count(request)
+                task = asyncio.ensure_future(self._stream_answer(request, context, refused))
                 computing.add(task)
-                task.add_done_callback(computing.discard)
-                task.add_done_callback(body.close)
+                task.add_done_callback(answered)
+                task.add_done_callback(body.close)  # counted until computed: a client slow to read holds none
                 answers.put_nowait(task)
         except NormserveError as exc:
             answers.put_nowait(exc)
@@ -194,22 +205,30 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
         finally:
             answers.put_nowait(None)
 
-    async def _room(self, reserve: int, within_s: float) -> Body:
-        """Room for a message of up to `reserve` bytes, waiting for it (the stream's client waits meanwhile:
-        grpc's flow control) up to within_s; then the budget's refusal."""
-        deadline = time.monotonic() + within_s
-        while True:
-            try:
-                return await calls.reserved(self.worker.budget, reserve)
-            except BudgetExhausted:
-                if time.monotonic() >= deadline:
-                    raise
+    def _idle_left(self, computing: set[asyncio.Task[Any]], idle_since: float) -> float:
+        idle_s = self.worker.settings.stream_idle_s
+        return idle_s if computing else max(0.0, idle_since + idle_s - time.monotonic())
 
-    async def _stream_answer(self, request: Any, context: Any) -> Any:
+    async def _count(self, request: Any) -> tuple[Body, BudgetExhausted | None]:
+        """The message's bytes counted (waiting for room as any body does), or the refusal to answer it with."""
+        size = int(request.ByteSize())
+        body = await self.worker.budget.admit(0)
+        body.arrive(size)
+        try:
+            await body.charge(size)
+        except BudgetExhausted as exc:
+            body.close()
+            return body, exc
+        body.finish()
+        return body, None
+
+    async def _stream_answer(self, request: Any, context: Any, refused: BudgetExhausted | None = None) -> Any:
         """One message of a stream, logged and counted as its own call; an error becomes its error_message."""
         call = calls.begin(SERVICE, "ModelStreamInfer", context, request)
         try:
             try:
+                if refused is not None:
+                    raise refused
                 answer = await self._infer(calls.decoded(request), context, call, stream=True)
             except BaseException as exc:
                 message = call.failed(exc, context)
