@@ -44,6 +44,8 @@ POLL_S = 0.1
 STALL_GRACE_S = 1.0
 # A request this small (as a share of the budget) is admitted past promises, into what is really free.
 SMALL_SHARE = 16
+# How long after a refusal readiness may report the budget refusing everything (a probe comes every few seconds).
+REFUSING_S = 2 * WAIT_S
 # A body past this is followed by trim_heap (below).
 TRIM_AFTER_BYTES = 8 * 2**20
 
@@ -58,6 +60,13 @@ class Budget:
         self.promised = 0  # room promised to admitted bodies, not yet held
         self._waiting: list[asyncio.Future[None]] = []
         self._bodies: set[Body] = set()
+        self._refused_at = -float("inf")
+
+    def refusing(self) -> bool:
+        """Whether the worker refuses every request with a body now: a refusal within REFUSING_S, and bytes held
+        leave no room even for a small request (readiness says so: app/server/admission.py)."""
+        recent = time.monotonic() - self._refused_at < REFUSING_S
+        return recent and self.used + self.limit // SMALL_SHARE > self.limit
 
     def fits(self, n: int) -> bool:
         return self.used + self.promised + n <= self.limit or self.used + self.promised == 0
@@ -124,6 +133,7 @@ class Budget:
             body.cut()
 
     def _exhausted(self, what: str) -> BudgetExhausted:
+        self._refused_at = time.monotonic()
         return BudgetExhausted(
             f"{what} would pass the limit of {self.limit} bytes of request bodies in flight"
             f" ({self.used + self.promised} now, NORMSERVE_MAX_INFLIGHT_BYTES); retry shortly"

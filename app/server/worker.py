@@ -47,9 +47,9 @@ class Worker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.admission = Admission(settings.max_in_flight)
-        self.budget = Budget(
-            settings.max_inflight_bytes, settings.min_body_rate
-        )  # request body bytes in flight, every transport
+        # Request body bytes in flight, every transport; readiness reports it refusing everything.
+        self.budget = Budget(settings.max_inflight_bytes, settings.min_body_rate)
+        self.admission.saturated = self.budget.refusing
         self.statistics = Statistics()
         # The batchers stop waiting once every request in flight in this worker is in the batch.
         self.runtime = Runtime(settings, observe=self._observe_run, in_flight=self.admission.count)

@@ -182,3 +182,22 @@ def test_a_body_larger_than_the_whole_budget_is_charged_alone() -> None:
         return budget.used
 
     assert asyncio.run(run()) == 500
+
+
+@pytest.mark.parametrize(
+    ("held", "refused", "expected"),
+    [(100, True, True), (95, True, True), (94, True, False), (100, False, False)],
+    ids=["full-and-refused", "no-room-for-a-small-one", "room-for-a-small-one", "full-but-no-refusal"],
+)
+def test_the_budget_reports_refusing_everything_after_a_refusal_with_no_room_even_for_small_requests(
+    held: int, refused: bool, expected: bool
+) -> None:
+    async def run() -> bool:
+        budget = Budget(100)
+        await budget.take(held)
+        if refused:
+            with pytest.raises(BudgetExhausted):
+                await budget.take(50, wait_s=0)
+        return budget.refusing()
+
+    assert asyncio.run(run()) is expected
