@@ -29,6 +29,7 @@ from app.server.admission import connection_limit
 from app.settings import Settings
 
 log = logging.getLogger("normserve.connections")
+LINGER_S = 0.5  # on shutdown, how long a connection whose request is on its way has to send it
 PROBE_SLOTS = 4  # connections past the limit that may carry a readiness or liveness probe
 PROBES = {b"/v2/health/live", b"/v2/health/ready"}
 _503 = b'{"error":"connections: past NORMSERVE_MAX_CONNECTIONS only health probes are served; retry shortly"}'
@@ -58,10 +59,13 @@ class HeadGuard:
     _head_timer: asyncio.TimerHandle | None = None
     _head_since = 0.0  # when the head being waited for began to be waited for (loop time)
     _probe_only = False  # a connection past the limit, in a probe slot
+    _opened = 0.0  # loop time of connection_made
+    _lingering = False  # shut down while its first request was on its way (shutdown)
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._arm()
+        self._opened = self.loop.time()
         if len(self.connections) > self.max_connections:
             others = [c for c in self.connections if c is not self]
             heads = [c for c in others if c._in_head()]
@@ -91,6 +95,8 @@ class HeadGuard:
             if self.cycle is not self._head_of:  # a head completed within the piece: its rest is uncounted
                 self._head_of, self._head_bytes = self.cycle, 0
                 self._disarm()
+                if self._lingering:
+                    self.cycle.keep_alive = False
                 if self._probe_only and self.cycle.scope["raw_path"] not in PROBES:
                     self.transport.write(PROBES_ONLY)
                     self.transport.close()
@@ -98,6 +104,24 @@ class HeadGuard:
                 log.warning("request head over %d bytes: 431", MAX_HEAD_BYTES)
                 self.transport.write(TOO_LARGE)
                 self.transport.close()
+
+    def shutdown(self) -> None:
+        """uvicorn's shutdown closes at once a connection whose request has not begun, and with it a request on
+        its way: connections opened in the last moment of a drain were reset unanswered (issue 37, D13). One that
+        has begun a head, or opened within LINGER_S, gets LINGER_S for it; it is answered (the draining 503,
+        `Connection: close`) and closed."""
+        fresh = self.cycle is None and self.loop.time() - self._opened < LINGER_S
+        if self._in_head() and (self._head_bytes > 0 or fresh):
+            self._lingering = True
+            self.loop.call_later(LINGER_S, self._linger_over)
+            return
+        super().shutdown()  # type: ignore[misc]
+
+    def _linger_over(self) -> None:
+        if self._in_head() and not self.transport.is_closing():
+            super().shutdown()  # type: ignore[misc]
+        elif self.cycle is not None:
+            self.cycle.keep_alive = False
 
     def _in_head(self) -> bool:
         """Whether bytes arriving now belong to a request head: no request yet, or the last one's body ended."""

@@ -40,6 +40,7 @@ from app.server.worker import Worker, arrived
 SERVICE = "inference.GRPCInferenceService"
 # Requests of one stream computed at once; the stream's reader waits past it (grpc's flow control pushes back).
 STREAM_WINDOW = 16
+LINGER_S = 0.5  # on shutdown, how long streams still read (and answer) what their clients sent
 SYSTEM_SHM, CUDA_SHM = rules.SHARED_MEMORY["systemsharedmemory"], rules.SHARED_MEMORY["cudasharedmemory"]
 
 
@@ -58,6 +59,7 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self._readers: set[asyncio.Task[None]] = set()
+        self.closing = False
 
     async def ServerLive(self, request: Any, context: Any, call: Call) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -160,9 +162,13 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
                     queued.cancel()
 
     def close(self) -> None:
-        """Stop reading every stream: each still sends the answers of the requests it has, then ends (OK)."""
+        """Stop reading every stream after LINGER_S: a message sent meanwhile is answered (`error_message`: shutting
+        down), as are those it has; then the stream ends UNAVAILABLE, so its client knows that messages it sent
+        later went unread (a stream ended OK with one sent message unanswered, issue 37 D13)."""
+        self.closing = True
+        loop = asyncio.get_running_loop()
         for reader in list(self._readers):
-            reader.cancel()
+            loop.call_later(LINGER_S, reader.cancel)
 
     async def _read(self, requests: Any, context: Any, answers: asyncio.Queue[Any], window: asyncio.Semaphore) -> None:
         """Each message counted in the budget as it arrives, before the next is read (so a stream holds at most one
@@ -200,6 +206,10 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
                 answers.put_nowait(task)
         except NormserveError as exc:
             answers.put_nowait(exc)
+        except asyncio.CancelledError:
+            if self.closing:
+                answers.put_nowait(NotReady("server is shutting down; retry on another replica"))
+            raise
         except Exception:  # the client went away mid-read: the stream's handler ends with it
             pass
         finally:
