@@ -68,7 +68,9 @@ def test_idle_streams_leave_health_checks_and_inferences_answered_and_end_when_i
         start = time.monotonic()
         streams = [stub.ModelStreamInfer(nothing()) for _ in range(STREAMS + 20)]
         time.sleep(0.5)
-        with grpc.insecure_channel(f"127.0.0.1:{served.port}") as probe:
+        # Another client: its own connection (channels in one process share one unless told not to).
+        own = [("grpc.use_local_subchannel_pool", 1)]
+        with grpc.insecure_channel(f"127.0.0.1:{served.port}", options=own) as probe:
             live = service_pb2_grpc.GRPCInferenceServiceStub(probe).ServerLive(pb.ServerLiveRequest(), timeout=2)
             check = health_pb2_grpc.HealthStub(probe).Check(health_pb2.HealthCheckRequest(), timeout=2)
             x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
