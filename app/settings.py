@@ -83,7 +83,7 @@ class Settings(BaseSettings):
         10.0, gt=0, le=3600, description="Longest a connection may take to send a whole request head; then closed."
     )
     max_connections: int = Field(
-        1000, ge=1, description="HTTP connections per worker (and gRPC ones); past it an idle one is closed."
+        1000, ge=1, description="HTTP connections per worker (and gRPC ones); past it an idle or half-sent one closes."
     )
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish.")
     # 1, measured (docs/benchmarks.md, threads table): requests run concurrently in threads, and workers = cores,
