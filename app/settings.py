@@ -65,6 +65,17 @@ class Settings(BaseSettings):
         ge=1024,
         description="Request body bytes per worker at once (all transports); past it a request waits 1 s, then 503.",
     )
+    # 1 MiB/s: a stalled body held the room its Content-Length promised until NORMSERVE_BODY_TIMEOUT_S, and
+    # four that announced 64 MiB refused every request for 30 s (issue 37). Only applied while others wait.
+    min_body_rate: int = Field(
+        1024 * 1024,
+        ge=0,
+        description="Bytes/s a body must keep up while others wait for room in the budget; slower: 408 (0 = off).",
+    )
+    # Streams that sent nothing took every RPC slot of a worker for as long as they stayed open (issue 37).
+    stream_idle_s: float = Field(
+        60.0, gt=0, description="gRPC: a ModelStreamInfer stream with no request in flight for this long is ended."
+    )
     request_timeout_s: float = Field(60.0, gt=0, description="Longest a request may wait for its inference.")
     # From the moment the route starts reading: a client that trickles its body gets 408 and a closed connection.
     body_timeout_s: float = Field(30.0, gt=0, description="Longest a request body may take to arrive; then 408.")
@@ -73,7 +84,7 @@ class Settings(BaseSettings):
         10.0, gt=0, le=3600, description="Longest a connection may take to send a whole request head; then closed."
     )
     max_connections: int = Field(
-        1000, ge=1, description="HTTP connections per worker (and gRPC ones); past it an idle one is closed."
+        1000, ge=1, description="HTTP connections per worker (and gRPC ones); past it an idle or half-sent one closes."
     )
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish.")
     # 1, measured (docs/benchmarks.md, threads table): requests run concurrently in threads, and workers = cores,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 import threading
+from collections.abc import Callable
 
 import anyio
 
@@ -11,6 +12,7 @@ from app.errors import NotReady, Overloaded
 from app.server.telemetry import metrics
 from app.settings import Settings
 
+SATURATED = "request bodies in flight fill NORMSERVE_MAX_INFLIGHT_BYTES"
 FD_RESERVE = 64  # descriptors never given to HTTP connections: model files, logs, the listening sockets
 
 
@@ -45,6 +47,9 @@ class Admission:
         # The cancel scopes of the requests awaiting an inference; cancelled (on the event loop) when a
         # drain times out, so that each answers 503 and a load balancer retries it elsewhere.
         self.abandonable: set[anyio.CancelScope] = set()
+        # Whether the budget of body bytes refuses every request now (the Worker binds Budget.refusing): readiness
+        # then says so, so that a load balancer routes around a worker whose bodies in flight fill it (issue 37).
+        self.saturated: Callable[[], bool] = lambda: False
         metrics.IN_FLIGHT_LIMIT.set(max_in_flight)
         self.publish()
 
@@ -63,11 +68,15 @@ class Admission:
 
     @property
     def accepting(self) -> bool:
-        return self.ready and not self.draining
+        return self.ready and not self.draining and not self.saturated()
 
     @property
     def not_accepting_reason(self) -> str:
-        return "shutting down" if self.draining else self.not_ready_reason
+        if self.draining:
+            return "shutting down"
+        if self.ready and self.saturated():
+            return SATURATED
+        return self.not_ready_reason
 
     def count(self) -> int:
         """Inferences in flight now."""

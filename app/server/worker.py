@@ -33,7 +33,9 @@ class Worker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.admission = Admission(settings.max_in_flight)
-        self.budget = Budget(settings.max_inflight_bytes)  # request body bytes in flight, every transport
+        # Request body bytes in flight, every transport; readiness reports it refusing everything.
+        self.budget = Budget(settings.max_inflight_bytes, settings.min_body_rate)
+        self.admission.saturated = self.budget.refusing
         self.statistics = Statistics()
         self.plane = DataPlane(settings, self.admission, self.statistics)
         self.runtime = self.plane.runtime

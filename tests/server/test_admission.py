@@ -169,3 +169,17 @@ def test_the_connection_limit_is_the_setting_within_half_the_free_descriptors(se
     expected = setting if soft == resource.RLIM_INFINITY else max(1, min(setting, (soft - FD_RESERVE) // 2))
     assert connection_limit(Settings(max_connections=setting)) == expected
     assert connection_limit(Settings(max_connections=setting)) <= setting
+
+
+@pytest.mark.parametrize(
+    ("saturated", "accepting", "reason"),
+    [(False, True, "models are loading"), (True, False, "request bodies in flight fill NORMSERVE_MAX_INFLIGHT_BYTES")],
+    ids=["room", "budget-refusing-everything"],
+)
+def test_a_ready_worker_whose_budget_refuses_everything_is_not_accepting_and_says_why(
+    saturated: bool, accepting: bool, reason: str
+) -> None:
+    admission = ready()
+    admission.saturated = lambda: saturated
+    assert (admission.accepting, admission.not_accepting_reason) == (accepting, reason)
+    admission.enter()  # requests are still admitted: the budget refuses them itself, and makes room again

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -129,3 +130,74 @@ def test_a_grpc_connection_that_never_handshakes_is_closed_at_the_header_timeout
                 _, elapsed = closed_after(s)
             print(f"gRPC port: closed {elapsed:.3f} s after sending {len(sent)} bytes")
             assert TIMEOUT_S * 0.9 <= elapsed <= TIMEOUT_S + 2
+
+
+def trickle(address: tuple[str, int], stop: threading.Event, count: int) -> None:
+    """`count` connections that keep sending header lines, each renewed once the server closes it (D7's attack)."""
+    head = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+    socks: list[socket.socket | None] = [None] * count
+    while not stop.is_set():
+        for i, s in enumerate(socks):
+            try:
+                if s is None:
+                    s = socks[i] = socket.create_connection(address)
+                    s.sendall(head)
+                s.sendall(b"X: y\r\n")
+            except OSError:
+                if s is not None:
+                    s.close()
+                socks[i] = None
+        stop.wait(0.1)
+    for s in socks:
+        if s is not None:
+            s.close()
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_header_tricklers_past_the_limit_make_room_for_probes(parser: str) -> None:
+    # D7: connections that keep sending header lines were never idle, so a probe's new connection closed itself:
+    # 0 of 45 readiness probes answered beside 600 of them. Scaled down: a limit of 16, 48 trickling connections.
+    env = {"NORMSERVE_MAX_CONNECTIONS": "16", "NORMSERVE_HEADER_TIMEOUT_S": "5"}
+    with server_process(env, args=["--http", parser]) as (base, _):
+        host, port = base.removeprefix("http://").split(":")
+        stop = threading.Event()
+        attacker = threading.Thread(target=trickle, args=((host, int(port)), stop, 48))
+        attacker.start()
+        try:
+            time.sleep(1.0)
+            statuses = []
+            for _ in range(10):
+                try:
+                    r = httpx.get(base + "/v2/health/ready", headers={"Connection": "close"}, timeout=3)
+                    statuses.append(r.status_code)
+                except httpx.TransportError as e:
+                    statuses.append(type(e).__name__)
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            attacker.join()
+    assert statuses == [200] * 10
+
+
+def test_past_the_limit_with_every_connection_busy_a_probe_slot_serves_probes_only() -> None:
+    # Every connection past its head (here: bodies that stall), none to close: a reserved slot takes the probe.
+    env = {"NORMSERVE_MAX_CONNECTIONS": "4", "NORMSERVE_HEADER_TIMEOUT_S": "5"}
+    with server_process(env) as (base, _):
+        host, port = base.removeprefix("http://").split(":")
+        address = (host, int(port))
+        busy = [socket.create_connection(address) for _ in range(4)]
+        try:
+            for s in busy:
+                s.sendall(request("POST", b"/normalize", b"Content-Length: 1000\r\n", b'{"data": ['))
+            time.sleep(0.5)
+            probe = httpx.get(base + "/v2/health/ready", headers={"Connection": "close"}, timeout=3)
+            with socket.create_connection(address) as other:
+                other.sendall(request("GET", b"/v2/models"))
+                refused, _ = closed_after(other)
+        finally:
+            for s in busy:
+                s.close()
+    assert probe.status_code == 200
+    assert refused.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and refused.endswith(
+        b'{"error":"connections: past NORMSERVE_MAX_CONNECTIONS only health probes are served; retry shortly"}'
+    )

@@ -13,7 +13,11 @@ of its parsers bounds a head either: httptools took 20.5 s of the event loop to 
 - heads over MAX_HEAD_BYTES answered 431 and closed, the parser never fed more than that;
 - NORMSERVE_MAX_CONNECTIONS per worker, and never more than half the descriptors the process may open (the
   rest is headroom for gRPC, model files and logs): past it, an idle connection (one waiting for a head) is
-  closed to make room, so a probe's new connection is served; with none idle, the new one is closed.
+  closed to make room, else the one whose unfinished head began first, so a probe's new connection is served.
+  Connections that kept sending header lines were never idle, and the newcomer closed itself: 0 of 45 probes
+  were answered beside 600 of them (issue 37, D7). With every connection past its head (bodies, inferences),
+  up to PROBE_SLOTS more are kept for probes: such a connection is answered only for a health route (the
+  reserved slot; another request on it gets 503 and is closed).
 """
 
 from __future__ import annotations
@@ -29,6 +33,14 @@ from app.server.admission import connection_limit
 from app.settings import Settings
 
 log = logging.getLogger("normserve.connections")
+LINGER_S = 0.5  # on shutdown, how long a connection whose request is on its way has to send it
+PROBE_SLOTS = 4  # connections past the limit that may carry a readiness or liveness probe
+PROBES = {b"/v2/health/live", b"/v2/health/ready"}
+_503 = b'{"error":"connections: past NORMSERVE_MAX_CONNECTIONS only health probes are served; retry shortly"}'
+PROBES_ONLY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_503), _503)
+)
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers; Node's default is 16 KiB, nginx's 32 KiB (4 x 8k)
 _431 = b'{"error":"headers: the request head exceeds 65536 bytes"}'
 TOO_LARGE = (
@@ -50,13 +62,25 @@ class HeadGuard:
     _head_bytes = 0
     _head_of: Any = None  # the cycle the head being counted follows (None: the connection's first head)
     _head_timer: asyncio.TimerHandle | None = None
+    _head_since = 0.0  # when the head being waited for began to be waited for (loop time)
+    _probe_only = False  # a connection past the limit, in a probe slot
+    _opened = 0.0  # loop time of connection_made
+    _lingering = False  # shut down while its first request was on its way (shutdown)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._arm()
+        self._opened = self.loop.time()
         if len(self.connections) > self.max_connections:
-            idle = next((c for c in self.connections if c is not self and c._idle()), None)
-            (idle or self).transport.close()
+            others = [c for c in self.connections if c is not self]
+            heads = [c for c in others if c._in_head()]
+            victim = next((c for c in heads if c._idle()), None) or min(heads, key=_since, default=None)
+            if victim is not None:
+                victim.transport.close()
+            elif sum(c._probe_only for c in others) < PROBE_SLOTS:
+                self._probe_only = True
+            else:
+                self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -76,10 +100,33 @@ class HeadGuard:
             if self.cycle is not self._head_of:  # a head completed within the piece: its rest is uncounted
                 self._head_of, self._head_bytes = self.cycle, 0
                 self._disarm()
+                if self._lingering:
+                    self.cycle.keep_alive = False
+                if self._probe_only and self.cycle.scope["raw_path"] not in PROBES:
+                    self.transport.write(PROBES_ONLY)
+                    self.transport.close()
             elif self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
                 log.warning("request head over %d bytes: 431", MAX_HEAD_BYTES)
                 self.transport.write(TOO_LARGE)
                 self.transport.close()
+
+    def shutdown(self) -> None:
+        """uvicorn's shutdown closes at once a connection whose request has not begun, and with it a request on
+        its way: connections opened in the last moment of a drain were reset unanswered (issue 37, D13). One that
+        has begun a head, or opened within LINGER_S, gets LINGER_S for it; it is answered (the draining 503,
+        `Connection: close`) and closed."""
+        fresh = self.cycle is None and self.loop.time() - self._opened < LINGER_S
+        if self._in_head() and (self._head_bytes > 0 or fresh):
+            self._lingering = True
+            self.loop.call_later(LINGER_S, self._linger_over)
+            return
+        super().shutdown()  # type: ignore[misc]
+
+    def _linger_over(self) -> None:
+        if self._in_head() and not self.transport.is_closing():
+            super().shutdown()  # type: ignore[misc]
+        elif self.cycle is not None:
+            self.cycle.keep_alive = False
 
     def _in_head(self) -> bool:
         """Whether bytes arriving now belong to a request head: no request yet, or the last one's body ended."""
@@ -91,6 +138,7 @@ class HeadGuard:
 
     def _arm(self) -> None:
         self._disarm()
+        self._head_since = self.loop.time()
         self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout, self.cycle)
 
     def _disarm(self) -> None:
@@ -102,6 +150,10 @@ class HeadGuard:
         self._head_timer = None
         if self.cycle is cycle and self._in_head():
             self.transport.close()
+
+
+def _since(connection: HeadGuard) -> float:
+    return connection._head_since
 
 
 class GuardedHttpToolsProtocol(HeadGuard, HttpToolsProtocol):

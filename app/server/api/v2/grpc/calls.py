@@ -34,7 +34,7 @@ from app.errors import (
     status_for,
 )
 from app.server.api.v2.grpc import wire
-from app.server.budget import Budget
+from app.server.budget import Body, Budget
 from app.server.telemetry import record, tracing
 
 log = logging.getLogger("normserve.errors")
@@ -88,39 +88,65 @@ class Refused:
 
 def gated(budget: Budget, reserve: int, timeout_s: float, handle: Callable[[Any, Any], Awaitable[Any]]) -> Any:
     """A unary handler, registered as client-streaming (the same wire), that reads its one message only once the
-    budget has room for the largest one (reserve), then counts its real size until the call ends: grpc reads a unary
-    RPC's message whole before its handler runs, so 8 concurrent 61 MiB calls were all in memory at once.
-    The message must arrive within timeout_s (NORMSERVE_BODY_TIMEOUT_S), as an HTTP body must: a trickled one
-    would hold its room in the budget for as long as its client liked."""
+    budget has room for the largest one (reserve) charged, then counts its real size until the call ends: grpc reads
+    a unary RPC's message whole before its handler runs, so 8 concurrent 61 MiB calls were all in memory at once.
+    The message must arrive within timeout_s (NORMSERVE_BODY_TIMEOUT_S), as an HTTP body must, and sooner when it
+    holds room others wait for: the budget cuts it once it is late by NORMSERVE_MIN_BODY_RATE (four calls that
+    sent no message had refused every request for 30 s)."""
 
     async def read_then_handle(requests: Any, context: Any) -> Any:
         try:
-            await budget.take(reserve, what=f"a message of up to {reserve} bytes (NORMSERVE_MAX_BODY_BYTES)")
-        except BudgetExhausted as exc:
+            body = await reserved(budget, reserve)
+            request = await read_one(body, requests, timeout_s)
+        except NormserveError as exc:
             return await handle(Refused(exc), context)
-        try:
-            async with asyncio.timeout(timeout_s):
-                request = await anext(aiter(requests), None)
-        except TimeoutError:
-            budget.give(reserve)
-            limit = f"{timeout_s:g} s (NORMSERVE_BODY_TIMEOUT_S)"
-            return await handle(Refused(BodyTimeout(f"did not arrive in full within {limit}", "request")), context)
-        except BaseException:
-            budget.give(reserve)
-            raise
         if request is None:
             # grpc refused the message itself (over grpc.max_receive_message_length, also after decompression) and
             # has answered the client RESOURCE_EXHAUSTED with its own text: the call is recorded as the client saw it.
-            budget.give(reserve)
+            body.close()
             too_large = PayloadTooLarge(f"body exceeds {reserve} bytes (NORMSERVE_MAX_BODY_BYTES)", "body")
             return await handle(Refused(too_large), context)
         # Its real size stays counted until the call ends: grpc holds the message while it sends the answer.
-        size = int(request.ByteSize())
-        budget.give(reserve - size)
-        context.add_done_callback(lambda _: budget.give(size))
+        context.add_done_callback(body.close)
         return await handle(request, context)
 
     return read_then_handle
+
+
+async def reserved(budget: Budget, reserve: int) -> Body:
+    """A Body holding room for a message of up to `reserve` bytes, or the refusal raised."""
+    what = f"a message of up to {reserve} bytes (NORMSERVE_MAX_BODY_BYTES)"
+    body = await budget.admit(reserve, what)
+    try:
+        await body.charge(reserve, what)  # held before grpc may read it: the message comes whole
+    except BaseException:
+        body.close()
+        raise
+    return body
+
+
+async def read_one(body: Body, requests: Any, timeout_s: float) -> Any:
+    """The next message of requests within timeout_s (None at the stream's end), its real size left in the body;
+    on a timeout or a cut, the body closed and the 408 raised."""
+    try:
+        async with asyncio.timeout(timeout_s) as body.reading:
+            request = await anext(aiter(requests), None)
+    except TimeoutError:
+        body.close()
+        if body.was_cut:
+            raise body.stall_error("request") from None
+        limit = f"{timeout_s:g} s (NORMSERVE_BODY_TIMEOUT_S)"
+        raise BodyTimeout(f"did not arrive in full within {limit}", "request") from None
+    except BaseException:
+        body.close()
+        raise
+    finally:
+        body.reading = None
+    size = 0 if request is None else int(request.ByteSize())
+    body.arrive(size)
+    body.finish()
+    body.release(body.held - size)
+    return request
 
 
 def decoder(message_type: Any, parse: Callable[[bytes], Any] | None = None) -> Callable[[bytes], Any]:

@@ -19,9 +19,9 @@ reads them: grpc checks the length a message announces before it buffers the mes
 1 MB limit: +1 MB of server RSS; with no limit, +927 MB), so the limit stays grpc's and its text with it.
 ModelInfer's handler records such a call as the client saw it (calls.gated).
 A connection that completes no handshake within NORMSERVE_HEADER_TIMEOUT_S is closed, as is one idle for
-IDLE_MS; connections are limited as HTTP's are (app/server/admission.py), streams per connection and RPCs at
-once too, which bounds the messages grpc buffers before the budget of body bytes in flight counts them
-(app/server/budget.py).
+IDLE_MS; connections are limited as HTTP's are (app/server/admission.py), and RPCs per connection (MAX_STREAMS).
+No limit of RPCs at once is set, so health checks are never refused; ModelInfer reads its message, and a
+stream each of its messages, only once the budget of body bytes in flight holds room for it (app/server/budget.py).
 """
 
 from __future__ import annotations
@@ -48,15 +48,14 @@ from app.settings import Settings
 log = logging.getLogger("normserve.lifecycle")
 MIN_GRACE_S = 1.0
 IDLE_MS = 300_000  # a connection with no RPC for 5 minutes gets GOAWAY; clients reconnect when they need to
-# RPCs at once on one connection (HTTP/2 advises no fewer): at 16, a client at concurrency 16 had streams refused
-# (RST_STREAM 7, tests/suites/test_grpc_load.py); the budget, not this, bounds the messages held.
-MAX_STREAMS = 100
-RPC_HEADROOM = 16  # RPCs at once beyond NORMSERVE_MAX_IN_FLIGHT: health checks, streams
+# RPCs at once on one connection (a client's further calls wait for one to end): at 16, a client at concurrency 16
+# had streams refused (RST_STREAM 7, tests/suites/test_grpc_load.py). The budget, not this, bounds the messages held.
+MAX_STREAMS = 32
 SERIALIZERS: dict[str, Callable[[Any], bytes]] = {
     "ModelInfer": wire.serialize_infer,
     "ModelStreamInfer": wire.serialize_stream,
 }
-GATED = {"ModelInfer"}  # read only once the budget has room (calls.gated); a stream's messages count as they come
+GATED = {"ModelInfer"}  # read only once the budget has room (calls.gated); a stream's messages too (service.py)
 PARSERS: dict[str, Callable[[bytes], Any]] = {"ModelInfer": wire.parse_infer, "ModelStreamInfer": wire.parse_infer}
 
 
@@ -126,9 +125,10 @@ def _register(server: grpc.aio.Server, name: str, table: Mapping[str, grpc.RpcMe
 def build(worker: Worker) -> tuple[grpc.aio.Server, service.InferenceService, health.HealthService]:
     inference, checks = service.InferenceService(worker), health.HealthService(worker.admission)
     settings = worker.settings
-    # Past the in-flight limit RPCs are refused anyway; the headroom keeps health checks and streams answered.
-    limit = settings.max_in_flight + RPC_HEADROOM
-    server = grpc.aio.server(options=options(settings), maximum_concurrent_rpcs=limit)
+    # No limit of RPCs at once: grpc's (maximum_concurrent_rpcs) refused every RPC past it, health checks too, and
+    # 80 streams that sent nothing held all of it (issue 37, D3). Inferences are bounded by admission and the
+    # budget, streams by their own limit and idle deadline (service.py), and RPCs per connection by MAX_STREAMS.
+    server = grpc.aio.server(options=options(settings))
     inference_service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     table = handlers(inference_service, pb, inference, settings, worker.budget)
     _register(server, inference_service.full_name, table)

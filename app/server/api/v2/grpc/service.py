@@ -12,6 +12,7 @@ deadline) and statistics.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,18 +20,29 @@ from tritonclient.grpc import service_pb2 as pb
 
 from app.core.model import Model
 from app.core.repository import check_name
-from app.errors import ExtensionNotSupported, InvalidInput, ModelNotFound, NotReady
+from app.errors import (
+    BodyTimeout,
+    BudgetExhausted,
+    ExtensionNotSupported,
+    InvalidInput,
+    ModelNotFound,
+    NormserveError,
+    NotReady,
+    Overloaded,
+)
 from app.server import budget
 from app.server.api.admin import check_token, grpc_values
 from app.server.api.v2 import rules
 from app.server.api.v2.grpc import calls, codec, messages, wire
 from app.server.api.v2.grpc.calls import Call
 from app.server.api.v2.grpc.tracelog import TraceLogRPCs
+from app.server.budget import Body
 from app.server.worker import Worker
 
 SERVICE = "inference.GRPCInferenceService"
 # Requests of one stream computed at once; the stream's reader waits past it (grpc's flow control pushes back).
 STREAM_WINDOW = 16
+LINGER_S = 0.5  # on shutdown, how long streams still read (and answer) what their clients sent
 SYSTEM_SHM, CUDA_SHM = rules.SHARED_MEMORY["systemsharedmemory"], rules.SHARED_MEMORY["cudasharedmemory"]
 
 
@@ -50,6 +62,7 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
         self.worker = worker  # the repository's RPCs: its lifecycle
         self.plane = worker.plane  # the others: the data plane
         self._readers: set[asyncio.Task[None]] = set()
+        self.closing = False
 
     async def ServerLive(self, request: Any, context: Any, call: Call) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -115,7 +128,7 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
         return name
 
     async def ModelInfer(self, request: Any, context: Any, call: Call) -> wire.Encoded:
-        return await self._infer(request, context, call, counted=True)  # by calls.gated, until the call ends
+        return await self._infer(request, context, call)  # counted by calls.gated, until the call ends
 
     # Triton's shared-memory extensions: the tensors' bytes come in the request, never from a region.
     SystemSharedMemoryStatus = SystemSharedMemoryRegister = SystemSharedMemoryUnregister = unsupported(SYSTEM_SHM)
@@ -125,13 +138,21 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
         """One answer per request, in the order sent; up to STREAM_WINDOW of them computed at once.
 
         An error answers its request with `error_message` (and its id), and the stream goes on, as in Triton.
+        At most NORMSERVE_MAX_IN_FLIGHT streams are open per worker (past it UNAVAILABLE), and a stream with no
+        request in flight ends DEADLINE_EXCEEDED after NORMSERVE_STREAM_IDLE_S: 80 streams that sent nothing had
+        taken every RPC slot of a worker, health checks' too, for as long as they stayed open (issue 37, D3).
         """
-        answers: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue()
+        limit = self.worker.settings.max_in_flight
+        if len(self._readers) >= limit:
+            raise Overloaded(f"{len(self._readers)} streams open, the limit (NORMSERVE_MAX_IN_FLIGHT)")
+        answers: asyncio.Queue[asyncio.Task[Any] | NormserveError | None] = asyncio.Queue()
         window = asyncio.Semaphore(STREAM_WINDOW)
         reader = asyncio.ensure_future(self._read(requests, context, answers, window))
         self._readers.add(reader)
         try:
             while (task := await answers.get()) is not None:
+                if isinstance(task, NormserveError):  # the stream's own end: idle
+                    raise task
                 answer = await task
                 window.release()
                 yield answer
@@ -140,29 +161,87 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
             self._readers.discard(reader)
             while not answers.empty():  # a cancelled stream: its requests not yet answered stop too
                 queued = answers.get_nowait()
-                if queued is not None:
+                if isinstance(queued, asyncio.Task):
                     queued.cancel()
 
     def close(self) -> None:
-        """Stop reading every stream: each still sends the answers of the requests it has, then ends (OK)."""
+        """Stop reading every stream after LINGER_S: a message sent meanwhile is answered (`error_message`: shutting
+        down), as are those it has; then the stream ends UNAVAILABLE, so its client knows that messages it sent
+        later went unread (a stream ended OK with one sent message unanswered, issue 37 D13)."""
+        self.closing = True
+        loop = asyncio.get_running_loop()
         for reader in list(self._readers):
-            reader.cancel()
+            loop.call_later(LINGER_S, reader.cancel)
 
     async def _read(self, requests: Any, context: Any, answers: asyncio.Queue[Any], window: asyncio.Semaphore) -> None:
+        """Each message counted in the budget as it arrives, before the next is read (so a stream holds at most one
+        message uncounted, the one grpc is reading): reading up to STREAM_WINDOW ahead before counting them, 8
+        streams of 48 MiB messages took a worker to +2.3 GiB (issue 37, D6). One the budget has no room for is
+        answered with the refusal, as in-stream errors are. With nothing in flight for NORMSERVE_STREAM_IDLE_S, the
+        stream ends."""
+        settings = self.worker.settings
+        idle_late = BodyTimeout(f"no request within {settings.stream_idle_s:g} s (NORMSERVE_STREAM_IDLE_S)", "stream")
+        computing: set[asyncio.Task[Any]] = set()
+        idle_since = [time.monotonic()]
+        incoming = aiter(requests)
+
+        def answered(task: asyncio.Task[Any]) -> None:
+            computing.discard(task)
+            if not computing:
+                idle_since[0] = time.monotonic()
+
         try:
-            async for request in requests:
+            while True:
                 await window.acquire()
-                answers.put_nowait(asyncio.ensure_future(self._stream_answer(request, context)))
+                arriving = asyncio.ensure_future(anext(incoming, None))
+                while not (await asyncio.wait({arriving}, timeout=self._idle_left(computing, idle_since[0])))[0]:
+                    if not computing and time.monotonic() - idle_since[0] >= settings.stream_idle_s:
+                        arriving.cancel()
+                        raise idle_late
+                request = arriving.result()
+                if request is None:
+                    break
+                body, refused = await self._count(request)
+                task = asyncio.ensure_future(self._stream_answer(request, context, refused))
+                computing.add(task)
+                task.add_done_callback(answered)
+                task.add_done_callback(body.close)  # counted until computed: a client slow to read holds none
+                answers.put_nowait(task)
+        except NormserveError as exc:
+            answers.put_nowait(exc)
+        except asyncio.CancelledError:
+            if self.closing:
+                answers.put_nowait(NotReady("server is shutting down; retry on another replica"))
+            raise
         except Exception:  # the client went away mid-read: the stream's handler ends with it
             pass
         finally:
             answers.put_nowait(None)
 
-    async def _stream_answer(self, request: Any, context: Any) -> Any:
+    def _idle_left(self, computing: set[asyncio.Task[Any]], idle_since: float) -> float:
+        idle_s = self.worker.settings.stream_idle_s
+        return idle_s if computing else max(0.0, idle_since + idle_s - time.monotonic())
+
+    async def _count(self, request: Any) -> tuple[Body, BudgetExhausted | None]:
+        """The message's bytes counted (waiting for room as any body does), or the refusal to answer it with."""
+        size = int(request.ByteSize())
+        body = await self.worker.budget.admit(0)
+        body.arrive(size)
+        try:
+            await body.charge(size)
+        except BudgetExhausted as exc:
+            body.close()
+            return body, exc
+        body.finish()
+        return body, None
+
+    async def _stream_answer(self, request: Any, context: Any, refused: BudgetExhausted | None = None) -> Any:
         """One message of a stream, logged and counted as its own call; an error becomes its error_message."""
         call = calls.begin(SERVICE, "ModelStreamInfer", context, request)
         try:
             try:
+                if refused is not None:
+                    raise refused
                 answer = await self._infer(calls.decoded(request), context, call, stream=True)
             except BaseException as exc:
                 message = call.failed(exc, context)
@@ -181,11 +260,8 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
         call.model = model.name
         return model
 
-    async def _infer(
-        self, request: Any, context: Any, call: Call, stream: bool = False, counted: bool = False
-    ) -> wire.Encoded:
+    async def _infer(self, request: Any, context: Any, call: Call, stream: bool = False) -> wire.Encoded:
+        """Its message is counted in the budget already: calls.gated, or the stream's reader."""
         infer = codec.InferCodec(request, self.plane.settings, call.bytes_in, final=stream)
-        # A stream's message: grpc has buffered it, counted at once (budget.py) while it is computed.
-        async with self.worker.budget.hold(0 if counted else call.bytes_in):
-            await budget.trim_heap(call.bytes_in)
-            return await self.plane.infer(infer, request, deadline_s=context.time_remaining())
+        await budget.trim_heap(call.bytes_in)
+        return await self.plane.infer(infer, request, deadline_s=context.time_remaining())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -191,7 +192,7 @@ def test_a_gated_call_reads_once_there_is_room_and_counts_its_size_until_it_ends
 
 def test_a_gated_call_without_room_is_refused_unread() -> None:
     budget = Budget(100)
-    budget.grow(10)  # someone else's body: no room for the largest message (100 bytes)
+    asyncio.run(budget.take(10))  # someone else's body: no room for the largest message (100 bytes)
     request, counted, _ = gated_call(budget, one_message(30))
     assert isinstance(request, calls.Refused) and counted == 10 and budget.used == 10
     assert request.error().message == (
@@ -218,3 +219,28 @@ def test_a_gated_call_grpc_refused_as_too_large_is_resource_exhausted_and_gives_
     assert isinstance(request, calls.Refused) and budget.used == 0
     assert calls.code_for(request.error()) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert request.error().message == "body: body exceeds 100 bytes (NORMSERVE_MAX_BODY_BYTES)"
+
+
+def test_a_gated_message_that_stalls_while_others_wait_is_cut_well_before_the_body_timeout() -> None:
+    # Four calls that announced nothing and sent no message had refused every request for 30 s (issue 37, D2).
+    budget = Budget(100, min_rate=1000)
+
+    async def run() -> tuple[Any, float, int]:
+        seen: list[Any] = []
+
+        async def handle(request: Any, _context: Any) -> None:
+            seen.append(request)
+
+        start = time.monotonic()
+        stalled = asyncio.create_task(calls.gated(budget, 100, 30.0, handle)(one_message(30, 30.0), Context()))
+        await asyncio.sleep(0.05)
+        await budget.take(50, wait_s=5.0)  # another request waits; the stalled call is cut after the grace (1 s)
+        await stalled
+        return seen[0], time.monotonic() - start, budget.used
+
+    request, took, used = asyncio.run(run())
+    assert isinstance(request, calls.Refused) and used == 50
+    assert request.error().message == (
+        "request: arrived slower than 1000 bytes/s (NORMSERVE_MIN_BODY_RATE) while other requests waited for room"
+    )
+    assert 1.0 <= took < 2.0

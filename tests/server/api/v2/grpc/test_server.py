@@ -78,7 +78,7 @@ def test_options_share_the_port_and_bound_messages_connections_and_handshakes_by
         "grpc.server_handshake_timeout_ms": 2500,
         "grpc.max_connection_idle_ms": 300_000,
         "grpc.max_allowed_incoming_connections": 7,
-        "grpc.max_concurrent_streams": 100,
+        "grpc.max_concurrent_streams": 32,
         "grpc.http2.bdp_probe": 0,
     }
 
