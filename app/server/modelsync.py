@@ -16,64 +16,142 @@ current generation before it reports ready.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
-from app.core.repository import Policy
+from app.core.repository import NAME, parse_policy
 from app.core.runtime import State, VersionState
-from app.errors import ModelLoadFailed, ModelNotFound
+from app.errors import ModelLoadFailed, ModelNotFound, NotReady, shown
 from app.server import group
 from app.server.control import LOAD_ERRORS, ModelControl
+from app.server.operations import busy
 
 log = logging.getLogger("normserve.models")
 T = TypeVar("T")
 STATE = "state.json"
 WATCH_INTERVAL_S = 0.05  # a stat() of one file: the delay before a peer starts applying a change
+LOCK_POLL_S = 0.02  # the server-wide lock is tried this often until the operation's deadline
 # A peer builds and warms up the same versions as the worker that answers, in about the same time (seconds);
 # one that has not applied a change after this long is stuck, and the answer says which.
 APPLY_TIMEOUT_S = 300.0
 STARTING = -1  # the generation a worker acknowledges until it has started
+INVALID_ACK = -2  # the generation of an acknowledgement that is not one: its worker counts as failed
+MAX_STATE_BYTES = 16 * 1024 * 1024  # a state of thousands of versions is a few hundred KiB
+INVALID = "the workers' shared model state ({}) is invalid: {}; no load or unload runs until the server restarts"
+
+
+class StateInvalid(ValueError):
+    """A file of the shared folder that no worker of this module wrote: what is wrong with it."""
 
 
 def _write(path: Path, doc: dict[str, Any]) -> None:
-    """Written beside, then renamed: a reader sees the old file or the new one, never half of one."""
+    """Written beside, then renamed: a reader sees the old file or the new one, never half of one. Created anew,
+    private, never through a link someone left in its place."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # the watcher writes too
-    tmp.write_text(json.dumps(doc))
+    tmp.unlink(missing_ok=True)  # left by a worker that died writing, whose pid this one reuses
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(doc))
     os.replace(tmp, path)
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def _read(path: Path) -> Any | None:
+    """A file's JSON, None if it does not exist; StateInvalid for a link, a FIFO or anything not a regular file
+    (opened without blocking: a FIFO left in its place hung every worker that opened it), too large, or not JSON."""
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
         return None
-    return doc if isinstance(doc, dict) else None
+    except OSError as e:
+        raise StateInvalid("a symbolic link" if e.errno == errno.ELOOP else os.strerror(e.errno or 0)) from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StateInvalid("not a regular file")
+        data = f.read(MAX_STATE_BYTES + 1)
+    if len(data) > MAX_STATE_BYTES:
+        raise StateInvalid(f"larger than {MAX_STATE_BYTES} bytes")
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise StateInvalid("not JSON") from None
+
+
+def _generation_of(value: object, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise StateInvalid(f"generation: expected an integer >= {minimum}, got {shown(value)}")
+    return value
+
+
+def _versions(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
+
+
+def checked(doc: object) -> dict[str, Any]:
+    """The state document as a worker wrote it (generation, serving, policies, states), or StateInvalid naming
+    the first field that is not."""
+    if not isinstance(doc, dict) or set(doc) != {"generation", "serving", "policies", "states"}:
+        raise StateInvalid("expected an object of generation, serving, policies and states")
+    _generation_of(doc["generation"], 1)
+    serving, policies, states = doc["serving"], doc["policies"], doc["states"]
+    if not isinstance(serving, dict) or not all(NAME.fullmatch(n) and _versions(v) for n, v in serving.items()):
+        raise StateInvalid("serving: expected model names, each with a list of versions")
+    if not isinstance(policies, dict) or set(policies) - set(serving):
+        raise StateInvalid("policies: expected the policy of models that serve")
+    for name, policy in policies.items():
+        try:
+            parse_policy(policy, f"policies.{name}")
+        except ValueError as e:
+            raise StateInvalid(str(e)) from None
+    if not isinstance(states, dict):
+        raise StateInvalid("states: expected an object")
+    for key, value in states.items():
+        name, _, version = key.rpartition("/")
+        if not (NAME.fullmatch(name) and version.isascii() and version.isdigit()):
+            raise StateInvalid(f"states: expected keys model/version, got {shown(key)}")
+        if not (isinstance(value, list) and len(value) == 2 and value[0] in set(State) and isinstance(value[1], str)):
+            raise StateInvalid(f"states.{key}: expected [state, reason]")
+    return doc
 
 
 class ModelSync:
     """One worker's side of the server's shared model state, in `folder`."""
 
-    def __init__(self, control: ModelControl, folder: Path) -> None:
+    def __init__(self, control: ModelControl, folder: Path, stopping: Callable[[], bool] = lambda: False) -> None:
         self.control = control
         self.folder = folder
+        self.stopping = stopping  # a draining worker gives up waiting for the lock and for its peers
         self.applied = 0  # the generation this worker serves; 0: none published yet, the start-up models
         self.member = True  # False once its start-up failed: not ready, and no operation waits for it
+        self.ready = False  # its start-up models loaded and the current generation applied
         self._applying = threading.Lock()  # the watcher and a request's catch-up apply one at a time
         self._seen: tuple[int, int] | None = None  # (inode, mtime_ns) of the state file last read
+        # The watcher's own thread: never queued behind calls that wait for the server-wide lock (operations.py).
+        self.watcher = ThreadPoolExecutor(1, thread_name_prefix="normserve-sync")
         self._ack(STARTING)
 
-    def run(self, operation: Callable[[], T], name: str) -> T:
-        """A load or unload: alone in the server, then published, then applied by every worker."""
-        with self._exclusive():
+    def run(self, operation: Callable[[], T], name: str, action: str = "load", deadline: float | None = None) -> T:
+        """A load or unload: alone in the server, then published, then applied by every worker. 503 while this
+        worker starts (what it loads at start would not be what the others serve), or past the deadline."""
+        if not self.ready:
+            raise NotReady(
+                f"cannot {action} model {name!r} yet: this worker of the server is still loading its start-up "
+                "models; retry"
+            )
+        wait_s = APPLY_TIMEOUT_S if deadline is None else deadline - time.monotonic()
+        with self._exclusive(action, time.monotonic() + wait_s, wait_s):
+            self._current(strict=True)
             self.catch_up()
             try:
                 result = operation()
@@ -84,8 +162,9 @@ class ModelSync:
             return result
 
     def published(self) -> dict[str, list[int]] | None:
-        """The versions each model serves in the server's current generation; None before any load or unload."""
-        doc = _read(self.folder / STATE)
+        """The versions each model serves in the server's current generation; None before any load or unload
+        (or when the state is invalid: the start-up models, and the error logged)."""
+        doc = self._current()
         return None if doc is None else dict(doc["serving"])
 
     def started(self, failed: bool = False) -> None:
@@ -95,10 +174,11 @@ class ModelSync:
             return
         self.catch_up()
         self._ack(self.applied)
+        self.ready = True
 
     def catch_up(self) -> None:
         """Apply the published generation if it is newer than what this worker serves."""
-        doc = _read(self.folder / STATE)
+        doc = self._current()
         if doc is None:
             return
         with self._applying:
@@ -107,17 +187,35 @@ class ModelSync:
             try:
                 self._apply(doc)
             except (*LOAD_ERRORS, ModelLoadFailed, ModelNotFound) as e:  # its folder gone meanwhile, too
-                log.error("generation %s of the server's models: %s", doc["generation"], e)
+                reason = self.control.repository.relative(str(e))
+                log.error("generation %s of the server's models: %s", doc["generation"], reason)
                 self.applied = doc["generation"]
-                self._ack(self.applied, str(e))
+                self._ack(self.applied, reason)
                 return
             self.applied = doc["generation"]
         self._ack(self.applied)
 
+    def _current(self, strict: bool = False) -> dict[str, Any] | None:
+        """The published state, checked; None if none was published. An invalid one (or, for an operation, one
+        whose generation went back) is logged and, if strict, refused with 503: applied, it would unload models or make
+        the workers diverge; overwritten, it would hide that someone else writes there."""
+        try:
+            raw = _read(self.folder / STATE)
+            doc = None if raw is None else checked(raw)
+            # Only under the server-wide lock: between its own publish's two steps the watcher may see one older.
+            if strict and doc is not None and doc["generation"] < self.applied:
+                raise StateInvalid(f"its generation {doc['generation']} is older than this worker's {self.applied}")
+        except StateInvalid as e:
+            log.error(INVALID.format(self.folder / STATE, e))
+            if strict:
+                raise NotReady(INVALID.format(STATE, e)) from None
+            return None
+        return doc
+
     def changed(self) -> bool:
         """Whether the state file changed since it was last looked at: the watcher's cheap test."""
         try:
-            st = (self.folder / STATE).stat()
+            st = (self.folder / STATE).lstat()
         except FileNotFoundError:
             return False
         seen, self._seen = self._seen, (st.st_ino, st.st_mtime_ns)  # each write renames a new file into place
@@ -131,7 +229,7 @@ class ModelSync:
                 self.control.unload(name)
             for name, versions in sorted(wanted.items()):
                 serving = runtime.serving.get(name, {})
-                policy = Policy(**doc["policies"][name]) if name in doc.get("policies", {}) else None
+                policy = parse_policy(doc["policies"][name], name) if name in doc["policies"] else None
                 stale = policy is not None and any(m.policy != policy for m in serving.values())
                 if set(serving) != set(versions) or stale:
                     self.control.serve_exactly(name, versions, policy)
@@ -144,7 +242,7 @@ class ModelSync:
     def _publish_and_wait(self, name: str) -> None:
         runtime = self.control.runtime
         with runtime.lock:
-            generation = self._generation() + 1
+            generation = self._next_generation()
             doc = {
                 "generation": generation,
                 "serving": {n: sorted(v) for n, v in runtime.serving.items()},
@@ -157,6 +255,14 @@ class ModelSync:
             _write(self.folder / STATE, doc)
         self._wait(generation, name)
 
+    def _next_generation(self) -> int:
+        """The file's next; without a file, past every generation any worker applied: a state file deleted (a temp
+        cleaner) restarted at 1, which the workers at a higher one ignored, and they served on what they had."""
+        doc = self._current(strict=True)
+        if doc is not None:
+            return int(doc["generation"]) + 1
+        return max([self.applied, *(self._ack_of(path)[0] for path in self.folder.glob("worker-*.json"))]) + 1
+
     def _wait(self, generation: int, name: str) -> None:
         """Until every live worker of the server has applied `generation`; ModelLoadFailed names those that did not."""
         deadline = time.monotonic() + APPLY_TIMEOUT_S
@@ -166,12 +272,26 @@ class ModelSync:
                 raise ModelLoadFailed(f"model {name!r}: {'; '.join(failed)}")
             if not late:
                 return
+            if self.stopping():  # the shutdown must not wait for its peers: they apply it without this answer
+                raise NotReady(f"model {name!r}: applied here, but this worker is shutting down before the others did")
             if time.monotonic() > deadline:
                 pids = ", ".join(str(p) for p in late)
                 raise ModelLoadFailed(
                     f"model {name!r}: applied here, but worker(s) {pids} did not apply it within {APPLY_TIMEOUT_S:g} s"
                 )
             time.sleep(0.02)
+
+    def _ack_of(self, path: Path) -> tuple[int, str | None]:
+        """A worker's acknowledgement: (generation, error); an invalid one counts as a worker that failed."""
+        try:
+            doc = _read(path)
+            if doc is None:
+                return STARTING, None
+            if not isinstance(doc, dict) or not (doc.get("error") is None or isinstance(doc["error"], str)):
+                raise StateInvalid("expected an object of generation and error")
+            return _generation_of(doc.get("generation"), STARTING), doc.get("error")
+        except StateInvalid as e:
+            return INVALID_ACK, f"its acknowledgement is invalid: {e}"
 
     def _behind(self, generation: int) -> tuple[list[int], list[str]]:
         """The live workers that have not applied `generation` yet, and what those that failed to said."""
@@ -181,16 +301,12 @@ class ModelSync:
             if not group.alive(pid):
                 path.unlink(missing_ok=True)  # a worker that died; its replacement registers anew
                 continue
-            ack = _read(path) or {"generation": STARTING}
-            if ack.get("error") and ack["generation"] >= generation:
-                failed.append(f"worker {pid} could not apply it: {ack['error']}")
-            elif ack["generation"] < generation:
+            acked, error = self._ack_of(path)
+            if error and (acked >= generation or acked == INVALID_ACK):
+                failed.append(f"worker {pid} could not apply it: {error}")
+            elif acked < generation:
                 late.append(pid)
         return late, failed
-
-    def _generation(self) -> int:
-        doc = _read(self.folder / STATE)
-        return 0 if doc is None else int(doc["generation"])
 
     def _ack(self, generation: int, error: str | None = None) -> None:
         if self.member:
@@ -202,9 +318,20 @@ class ModelSync:
         (self.folder / f"worker-{os.getpid()}.json").unlink(missing_ok=True)
 
     @contextmanager
-    def _exclusive(self) -> Iterator[None]:
-        with (self.folder / "operation.lock").open("a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes, also if this worker dies
+    def _exclusive(self, action: str, deadline: float, wait_s: float) -> Iterator[None]:
+        """The server-wide lock, tried until the deadline (503 then): a blocking flock could not be given up."""
+        fd = os.open(self.folder / "operation.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "r+b") as f:  # the lock is released when the file closes, also if this worker dies
+            while True:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if self.stopping():
+                        raise NotReady("server is shutting down; retry on another replica") from None
+                    if time.monotonic() > deadline:
+                        raise busy(action, wait_s) from None
+                    time.sleep(LOCK_POLL_S)
             yield
 
 
@@ -217,7 +344,7 @@ async def watch(sync: ModelSync, starting: asyncio.Task[None], settle: Callable[
         if not sync.changed():
             continue
         try:
-            await asyncio.to_thread(sync.catch_up)
+            await asyncio.get_running_loop().run_in_executor(sync.watcher, sync.catch_up)
             settle()
         except Exception:  # a state file half gone with its folder: the next change is read again, the loop goes on
             log.exception("applying the server's model state from %s failed", sync.folder)
