@@ -42,8 +42,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     # The threadpool runs every inference; it must admit as many as the in-flight limit does.
     anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, worker.settings.max_in_flight)
     if worker.settings.model_control == "explicit" and group.one_of_several():  # loads reach every worker
-        group.reap_shared_dirs()
-        worker.sync = modelsync.ModelSync(worker.control, group.shared_dir(), lambda: worker.admission.draining)
+        try:
+            group.reap_shared_dirs()
+            folder = group.shared_dir()
+        except group.UnsafeFolder as e:
+            log.error("%s", e)  # the one line to read among uvicorn's traceback; the server does not start
+            raise
+        worker.sync = modelsync.ModelSync(worker.control, folder, lambda: worker.admission.draining)
     starting = asyncio.create_task(asyncio.to_thread(worker.start))  # liveness answers meanwhile
     polling = asyncio.create_task(poll(worker, starting)) if worker.settings.model_control == "poll" else None
     watching = asyncio.create_task(modelsync.watch(worker.sync, starting, worker.settle)) if worker.sync else None

@@ -252,3 +252,90 @@ def test_a_worker_that_died_is_not_waited_for(repository: Path, tmp_path: Path) 
     _ack(tmp_path, int(gone.stdout), 0)
     assert sync.run(lambda: sync.control.unload("ln"), "ln") == [1]
     assert not (tmp_path / f"worker-{gone.stdout.strip()}.json").exists()
+
+
+def _shared_folder(server: Server) -> Path:
+    return group.runtime_dir() / f"server-{server.pid}-{group.started_at(server.pid)}"
+
+
+def _invalid(problem: str) -> dict[str, str]:
+    return {
+        "error": f"the workers' shared model state (state.json) is invalid: {problem}; no load or unload runs until "
+        "the server restarts"
+    }
+
+
+@pytest.mark.parametrize(
+    ("how", "problem"),
+    [
+        ("garbage", "not JSON"),
+        ("a generation that is no number", "expected an object of generation, serving, policies and states"),
+        ("a FIFO", "not a regular file"),
+        ("a link", "a symbolic link"),
+        ("a generation gone back", "its generation 1 is older than this worker's 2"),
+    ],
+)
+def test_a_state_file_no_worker_wrote_is_refused_with_503_and_no_worker_changes(
+    repository: Path, server: Server, how: str, problem: str
+) -> None:
+    """Applied, it unloaded every model, answered 500, made the workers diverge after a 200, or hung them (a FIFO)."""
+    assert control(server, "unload", "ln").status_code == 200  # generation 1
+    assert control(server, "load", "ln").status_code == 200  # generation 2
+    state = _shared_folder(server) / "state.json"
+    good = json.loads(state.read_text())
+    state.unlink()
+    if how == "garbage":
+        state.write_text("garbage")
+    elif how == "a generation that is no number":
+        state.write_text(json.dumps({"generation": "x"}))
+    elif how == "a FIFO":
+        os.mkfifo(state)
+    elif how == "a link":
+        (state.parent / "elsewhere.json").write_text(json.dumps(good))
+        state.symlink_to(state.parent / "elsewhere.json")
+    else:
+        state.write_text(json.dumps({**good, "generation": 1}))
+    time.sleep(0.3)  # every worker's watcher has looked at it
+    for action, name in (("unload", "layernorm"), ("load", "ln")):
+        r = control(server, action, name)
+        assert (r.status_code, r.json()) == (503, _invalid(problem))
+    assert versions(server.base, "ln") == {(200, ("1",))}
+    assert versions(server.base, "layernorm") == {(200, ("1",))}
+
+
+def test_a_state_file_deleted_is_written_anew_past_every_workers_generation(repository: Path, server: Server) -> None:
+    """It restarted at generation 1, which the workers at a higher one ignored: an unload answered 200 on one worker
+    while the other served on."""
+    for action in ("unload", "load", "unload", "load"):
+        assert control(server, action, "ln").status_code == 200
+    state = _shared_folder(server) / "state.json"
+    state.unlink()
+    assert control(server, "unload", "ln").status_code == 200
+    assert json.loads(state.read_text())["generation"] == 5
+    assert {s for s, _ in everywhere(server.base, "GET", "/v2/models/ln")} == {404}
+
+
+def test_an_unload_sent_while_a_worker_still_loads_at_start_is_refused_there_and_every_worker_converges(
+    tmp_path: Path,
+) -> None:
+    """A worker that ran it while still loading published a state its own start-up then overrode: layernorm
+    UNAVAILABLE on one worker, READY on the other. The encoder makes start-up last seconds."""
+    repository = copy_models(tmp_path / "models", ("layernorm", "encoder"))
+    env = {
+        **os.environ,
+        "NORMSERVE_MODEL_DIR": str(repository),
+        "NORMSERVE_MODEL_CONTROL": "explicit",
+        "NORMSERVE_ADMIN_TOKEN": TOKEN,
+        "NORMSERVE_LOG_LEVEL": "warning",
+    }
+    starting = "cannot unload model 'layernorm' yet: this worker of the server is still loading its start-up models"
+    answers = set()
+    with cli_server([str(NORMSERVE), "serve", "--workers", "2"], env, ready="/v2/health/live") as running:
+        deadline = time.monotonic() + 60
+        while (r := control(running, "unload", "layernorm")).status_code != 200:
+            answers.add((r.status_code, r.json()["error"]))
+            assert time.monotonic() < deadline, answers
+        all_started(running, 2)
+        assert answers <= {(503, f"{starting}; retry")}
+        assert {s for s, _ in everywhere(running.base, "GET", "/v2/models/layernorm")} == {404}
+        assert index(running.base)[-1] == ("layernorm", "1", "UNAVAILABLE", "unloaded")
