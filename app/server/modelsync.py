@@ -52,6 +52,10 @@ MAX_STATE_BYTES = 16 * 1024 * 1024  # a state of thousands of versions is a few 
 INVALID = "the workers' shared model state ({}) is invalid: {}; no load or unload runs until the server restarts"
 
 
+class PeersFailed(ModelLoadFailed):
+    """Workers of the server could not apply a generation: which, and why."""
+
+
 class StateInvalid(ValueError):
     """A file of the shared folder that no worker of this module wrote: what is wrong with it."""
 
@@ -153,12 +157,16 @@ class ModelSync:
         with self._exclusive(action, time.monotonic() + wait_s, wait_s):
             self._current(strict=True)
             self.catch_up()
+            before = self._document(self.applied)  # what every worker serves: restored if a peer cannot follow
             try:
                 result = operation()
             except ModelLoadFailed:  # nothing serves differently, but the index shows the failure everywhere
                 self._publish_and_wait(name)
                 raise
-            self._publish_and_wait(name)
+            try:
+                self._publish_and_wait(name)
+            except PeersFailed as e:
+                raise ModelLoadFailed(f"{e}; {self._roll_back(before, name)}") from None
             return result
 
     def published(self) -> dict[str, list[int]] | None:
@@ -239,17 +247,36 @@ class ModelSync:
                 states[name, int(version)] = VersionState(State(state), reason)
             runtime.adopt(states)
 
+    def _roll_back(self, before: dict[str, Any], name: str) -> str:
+        """After a peer failed to apply a change (its files changed between this worker's load and the peer's):
+        serve again what every worker served before, and publish it, so that the workers converge rather than
+        serve different versions. What became of it, for the answer."""
+        try:
+            with self._applying:
+                self._apply(before)
+            self._publish_and_wait(name)
+        except (*LOAD_ERRORS, ModelLoadFailed, ModelNotFound) as e:
+            reason = self.control.repository.relative(str(e))
+            log.error("rolling back model %s: %s", name, reason, extra={"model": name})
+            return f"rolling back failed too: {reason}"
+        return "rolled back: every worker serves what it served before"
+
+    def _document(self, generation: int) -> dict[str, Any]:
+        """The state this worker serves, as a generation of the server's state."""
+        runtime = self.control.runtime
+        return {
+            "generation": generation,
+            "serving": {n: sorted(v) for n, v in runtime.serving.items()},
+            # The model.json each model was loaded with: a peer builds with it, not with what is on disk later.
+            "policies": {n: asdict(m.policy) for n, v in runtime.serving.items() for m in v.values() if m.policy},
+            "states": {f"{n}/{v}": [s.state.value, s.reason] for (n, v), s in runtime.states.items()},
+        }
+
     def _publish_and_wait(self, name: str) -> None:
         runtime = self.control.runtime
         with runtime.lock:
             generation = self._next_generation()
-            doc = {
-                "generation": generation,
-                "serving": {n: sorted(v) for n, v in runtime.serving.items()},
-                # The model.json each model was loaded with: a peer builds with it, not with what is on disk later.
-                "policies": {n: asdict(m.policy) for n, v in runtime.serving.items() for m in v.values() if m.policy},
-                "states": {f"{n}/{v}": [s.state.value, s.reason] for (n, v), s in runtime.states.items()},
-            }
+            doc = self._document(generation)
             self.applied = generation
             self._ack(generation)
             _write(self.folder / STATE, doc)
@@ -269,7 +296,7 @@ class ModelSync:
         while True:
             late, failed = self._behind(generation)
             if failed:
-                raise ModelLoadFailed(f"model {name!r}: {'; '.join(failed)}")
+                raise PeersFailed(f"model {name!r}: {'; '.join(failed)}")
             if not late:
                 return
             if self.stopping():  # the shutdown must not wait for its peers: they apply it without this answer

@@ -235,15 +235,27 @@ def test_a_worker_that_does_not_apply_a_change_in_time_is_named(
     assert str(e.value) == f"model 'ln': applied here, but worker(s) {peer} did not apply it within 0.3 s"
 
 
-def test_a_worker_that_failed_to_apply_a_change_is_named_with_its_reason(
-    repository: Path, tmp_path: Path, peer: int
+def test_a_worker_that_failed_to_apply_a_change_is_named_with_its_reason_and_the_change_rolled_back(
+    repository: Path, tmp_path: Path, peer: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The workers converge on what they served before rather than serve different versions; the peer here is a
+    file that never applies the roll-back either, which the answer says."""
     sync = _sync(repository, tmp_path)
     sync.run(lambda: sync.control.unload("layernorm"), "layernorm")  # generation 1, before the peer started
-    _ack(tmp_path, peer, 2, "failed to load model 'ln': no space left")
+    add_version(repository, "ln", 2)
+    _ack(tmp_path, peer, 2, "failed to load model 'ln': ln/2/model.onnx: no space left")
+    monkeypatch.setattr(modelsync, "APPLY_TIMEOUT_S", 0.3)
     with pytest.raises(ModelLoadFailed) as e:
-        sync.run(lambda: sync.control.unload("ln"), "ln")
-    assert str(e.value) == f"model 'ln': worker {peer} could not apply it: failed to load model 'ln': no space left"
+        sync.run(lambda: sync.control.load("ln"), "ln")
+    assert str(e.value) == (
+        f"model 'ln': worker {peer} could not apply it: failed to load model 'ln': ln/2/model.onnx: no space left; "
+        f"rolling back failed too: model 'ln': applied here, but worker(s) {peer} did not apply it within 0.3 s"
+    )
+    assert sorted(sync.control.runtime.serving["ln"]) == [1]
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert (state["generation"], state["serving"]) == (3, {"ln": [1]})
+    _ack(tmp_path, peer, 4)  # the peer follows again: the next change goes through
+    assert sync.run(lambda: sync.control.unload("ln"), "ln") == [1]
 
 
 def test_a_worker_that_died_is_not_waited_for(repository: Path, tmp_path: Path) -> None:
