@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 
+import anyio.to_thread
 import pytest
 
 from app.errors import NotReady
@@ -72,3 +73,21 @@ def test_a_caller_that_gives_up_does_not_let_the_next_operation_overlap_the_runn
 
     asyncio.run(main())
     assert overlapped == [False]
+
+
+def test_calls_waiting_their_turn_hold_no_thread_of_the_inference_threadpool() -> None:
+    """200 HTTP loads waiting for the server-wide lock each held one of its threads: an inference waited 12 s."""
+    operations = Operations(wait_s=5)
+    release = threading.Event()
+
+    async def main() -> tuple[int, int]:
+        queued = [asyncio.create_task(operations.run("load", lambda _: release.wait(5))) for _ in range(100)]
+        await asyncio.sleep(0.1)
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        held = limiter.borrowed_tokens
+        inference = await anyio.to_thread.run_sync(lambda: threading.current_thread().name)
+        release.set()
+        await asyncio.gather(*queued)
+        return held, int(inference.startswith("AnyIO worker thread"))
+
+    assert asyncio.run(main()) == (0, 1)
