@@ -226,6 +226,7 @@ def test_the_lifespan_gives_the_threadpool_at_least_as_many_threads_as_admitted_
     assert run(scenario()) == threads
 
 
+@pytest.mark.slow  # about 30 s: three models to load twice, on two cores
 def test_a_worker_that_replaces_a_dead_one_takes_connections_only_once_its_models_are_loaded(tmp_path: Path) -> None:
     """It took some while its start-up load ran and answered 503 "parity warm-up running", the server being ready.
     The encoders make that load last seconds; probes on new connections, which either worker may take, run until
