@@ -36,7 +36,7 @@ from benchmarks.servers import Server
 from tests.cli.normserve import NORMSERVE
 from tests.live_server import MODELS, cli_server
 from tests.repositories import copy_models
-from tests.server.test_modelsync import TOKEN, all_started, workers
+from tests.server.test_modelsync import all_started, explicit_env, workers
 
 T = TypeVar("T")
 
@@ -232,13 +232,7 @@ def test_a_worker_that_replaces_a_dead_one_takes_connections_only_once_its_model
     The encoders make that load last seconds; probes on new connections, which either worker may take, run until
     the replacement has started."""
     repository = copy_models(tmp_path / "models")
-    env = {
-        **os.environ,
-        "NORMSERVE_MODEL_DIR": str(repository),
-        "NORMSERVE_MODEL_CONTROL": "explicit",
-        "NORMSERVE_ADMIN_TOKEN": TOKEN,
-        "NORMSERVE_LOG_LEVEL": "warning",
-    }
+    env = explicit_env(repository)
     with cli_server([str(NORMSERVE), "serve", "--workers", "2"], env) as server:
         all_started(server, 2)
         first = workers(server, 2)

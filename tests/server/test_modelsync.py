@@ -96,15 +96,22 @@ def repository(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.fixture
-def server(repository: Path) -> Iterator[Server]:
-    env = {
+def explicit_env(repository: Path, **settings: str) -> dict[str, str]:
+    """The environment of a server of several workers in explicit mode with the admin token, NORMSERVE_* on top."""
+    more = {f"NORMSERVE_{k.upper()}": v for k, v in settings.items()}
+    return {
         **os.environ,
         "NORMSERVE_MODEL_DIR": str(repository),
         "NORMSERVE_MODEL_CONTROL": "explicit",
         "NORMSERVE_ADMIN_TOKEN": TOKEN,
         "NORMSERVE_LOG_LEVEL": "warning",
+        **more,
     }
+
+
+@pytest.fixture
+def server(repository: Path) -> Iterator[Server]:
+    env = explicit_env(repository)
     with cli_server([str(NORMSERVE), "serve", "--workers", "2"], env) as running:
         all_started(running, 2)
         yield running
@@ -333,13 +340,7 @@ def test_an_unload_sent_while_a_worker_still_loads_at_start_is_refused_there_and
     """A worker that ran it while still loading published a state its own start-up then overrode: layernorm
     UNAVAILABLE on one worker, READY on the other. The encoder makes start-up last seconds."""
     repository = copy_models(tmp_path / "models", ("layernorm", "encoder"))
-    env = {
-        **os.environ,
-        "NORMSERVE_MODEL_DIR": str(repository),
-        "NORMSERVE_MODEL_CONTROL": "explicit",
-        "NORMSERVE_ADMIN_TOKEN": TOKEN,
-        "NORMSERVE_LOG_LEVEL": "warning",
-    }
+    env = explicit_env(repository)
     starting = "cannot unload model 'layernorm' yet: this worker of the server is still loading its start-up models"
     answers = set()
     with cli_server([str(NORMSERVE), "serve", "--workers", "2"], env, ready="/v2/health/live") as running:

@@ -24,7 +24,7 @@ from benchmarks.servers import HOST, Server, free_port
 from tests.cli.normserve import NORMSERVE
 from tests.live_server import cli_server
 from tests.repositories import copy_models, learned_layernorm
-from tests.server.test_modelsync import TOKEN, all_started, versions
+from tests.server.test_modelsync import TOKEN, all_started, explicit_env, versions
 
 WORKERS = 3
 CALLS = 24
@@ -62,16 +62,9 @@ def _storm(address: str) -> tuple[list[tuple[str, str]], list[threading.Thread]]
 def _serve(tmp_path: Path, grpc_port: int) -> tuple[list[str], dict[str, str]]:
     repository = copy_models(tmp_path / "models", ("layernorm",))
     learned_layernorm(repository, "ln", 1, np.ones(8, np.float32), np.zeros(8, np.float32))
-    env = {
-        **os.environ,
-        "NORMSERVE_MODEL_DIR": str(repository),
-        "NORMSERVE_MODEL_CONTROL": "explicit",
-        "NORMSERVE_ADMIN_TOKEN": TOKEN,
-        "NORMSERVE_GRPC_PORT": str(grpc_port),
-        "NORMSERVE_MODEL_CONTROL_WAIT_S": str(WAIT_S),
-        "NORMSERVE_DRAIN_TIMEOUT_S": str(DRAIN_S),
-        "NORMSERVE_LOG_LEVEL": "warning",
-    }
+    env = explicit_env(
+        repository, grpc_port=str(grpc_port), model_control_wait_s=str(WAIT_S), drain_timeout_s=str(DRAIN_S)
+    )
     return [str(NORMSERVE), "serve", "--workers", str(WORKERS)], env
 
 
