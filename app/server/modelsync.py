@@ -10,7 +10,13 @@ the same whichever worker answers), and waits until every live worker has applie
 Each worker watches the state file every WATCH_INTERVAL_S and applies a newer generation: it builds
 and warms up the versions it lacks, then retires those no longer wanted; requests already holding a
 retired version finish on it. It acknowledges in its own file. A worker that starts later applies the
-current generation before it reports ready.
+current generation before it reports ready; until then an operation that reaches it answers 503 (run
+there, its start-up would then override what it published). A peer that fails to apply a generation
+makes the answering worker roll back to the previous one and publish that, so that they converge.
+
+The folder is private (group.private); still, a file there is read as untrusted: a link, a FIFO, a
+document of another shape or a generation gone back is logged and refuses operations with 503, never
+applied (it unloaded every model, made the workers diverge, answered 500 or hung them).
 """
 
 from __future__ import annotations
