@@ -257,15 +257,22 @@ class ModelSync:
         """After a peer failed to apply a change (its files changed between this worker's load and the peer's):
         serve again what every worker served before, and publish it, so that the workers converge rather than
         serve different versions. What became of it, for the answer."""
+        outcome = "rolled back: every worker serves what it served before"
         try:
             with self._applying:
                 self._apply(before)
-            self._publish_and_wait(name)
-        except (*LOAD_ERRORS, ModelLoadFailed, ModelNotFound) as e:
+        except (*LOAD_ERRORS, ModelLoadFailed, ModelNotFound) as e:  # the versions before changed on disk too
             reason = self.control.repository.relative(str(e))
-            log.error("rolling back model %s: %s", name, reason, extra={"model": name})
-            return f"rolling back failed too: {reason}"
-        return "rolled back: every worker serves what it served before"
+            log.error("rolling back model %s: %s; unloading it", name, reason, extra={"model": name})
+            # What no worker can load again serves nowhere, rather than on some workers only.
+            self.control.unload(name)
+            outcome = f"rolling back failed too ({reason}): the model is unloaded on every worker; load it again"
+        try:
+            self._publish_and_wait(name)
+        except ModelLoadFailed as e:
+            log.error("rolling back model %s: %s", name, e, extra={"model": name})
+            return f"rolling back failed too: {e}"
+        return outcome
 
     def _document(self, generation: int) -> dict[str, Any]:
         """The state this worker serves, as a generation of the server's state."""
