@@ -16,7 +16,9 @@ from collections import Counter
 from pathlib import Path
 
 import grpc
+import httpx
 import numpy as np
+import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as service
 
@@ -119,3 +121,50 @@ def test_sigterm_drains_within_its_timeout_while_loads_are_queued(tmp_path: Path
         )
         assert drained < DRAIN_S + 10
         assert "DEADLINE_EXCEEDED" not in {code for code, _ in outcomes}
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_a_load_queued_behind_a_longer_one_answers_503_past_its_wait_and_inference_goes_on(
+    tmp_path: Path, transport: str
+) -> None:
+    """The encoder's load (sessions, parity warm-up: about 0.4 s) lasts longer than the 0.05 s a second load may
+    wait for it."""
+    repository = copy_models(tmp_path / "models", ("layernorm", "encoder"))
+    grpc_port = free_port()
+    env = explicit_env(repository, grpc_port=str(grpc_port), model_control_wait_s="0.05", startup_models="layernorm")
+    with cli_server([str(NORMSERVE), "serve", "--workers", "1"], env) as server:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        slow = threading.Thread(
+            target=httpx.post, args=(f"{server.base}/v2/repository/models/encoder/load",), kwargs={"headers": auth}
+        )
+        slow.start()
+        deadline = time.monotonic() + 10
+        client = httpx.Client(base_url=server.base, headers=auth, timeout=30)  # made before: it takes 0.1 s or more
+        while ["encoder", "1", "LOADING"] not in _index(client):  # it builds the encoder's sessions
+            assert time.monotonic() < deadline, "the encoder's load never started"
+        if transport == "http":
+            r = client.post("/v2/repository/models/layernorm/load")
+            refused = (r.status_code, r.json()["error"], r.headers.get("retry-after"))
+        else:
+            with grpc.insecure_channel(f"{HOST}:{grpc_port}") as channel:
+                try:
+                    service.GRPCInferenceServiceStub(channel).RepositoryModelLoad(
+                        pb.RepositoryModelLoadRequest(model_name="layernorm"),
+                        metadata=[("authorization", f"Bearer {TOKEN}")],
+                        timeout=30,
+                    )
+                    refused = (0, "OK", None)
+                except grpc.RpcError as e:
+                    trailer = dict(e.trailing_metadata() or ())  # type: ignore[attr-defined]
+                    refused = (e.code().value[0], e.details(), trailer.get("retry-after"))
+        inference = client.post("/normalize", json={"model": "layernorm", "data": [[1.0, 3.0]]})
+        slow.join()
+        client.close()
+    code = 503 if transport == "http" else grpc.StatusCode.UNAVAILABLE.value[0]
+    assert refused == (code, BUSY.replace("2 s", "0.05 s"), "1")
+    assert inference.status_code == 200
+
+
+def _index(client: httpx.Client) -> list[list[str]]:
+    rows = client.post("/v2/repository/index").json()
+    return [[row["name"], row["version"], row["state"]] for row in rows]
