@@ -44,6 +44,18 @@ class Settings(BaseSettings):
         "*", description="explicit mode: comma-separated models loaded at start (* = all, empty = none)."
     )
     poll_interval_s: float = Field(5.0, gt=0, description="poll mode: how often the repository is rescanned.")
+    # A load or unload waits behind the others of the server, holding no thread meanwhile (app/server/operations.py);
+    # past this it answers 503 (UNAVAILABLE), well before a client's usual 60 s timeout would give up on it unanswered.
+    model_control_wait_s: float = Field(
+        30.0, gt=0, description="explicit mode: how long a load or unload may wait behind others before a 503."
+    )
+    # Where a server's workers share their model state and claim the gRPC port: it must be this user's alone
+    # (app/server/group.py checks owner and mode 0700 at start and refuses any other).
+    runtime_dir: str = Field(
+        "",
+        description="Private folder for the workers' shared state and gRPC port claims "
+        "(empty = $XDG_RUNTIME_DIR/normserve, else <temp>/normserve-UID).",
+    )
     admin_token: Annotated[str, BeforeValidator(_token)] = Field(
         "",
         repr=False,  # never in a log line or a traceback

@@ -86,6 +86,11 @@ def command(argv: list[str]) -> int:
     if args.grpc_port < 0 or args.grpc_port > 65535:
         p.error(f"--grpc-port must be between 0 and 65535, not {args.grpc_port}")
     reason = _busy(args)
+    try:  # where the workers share their model state: refused here, before uvicorn starts workers that would exit
+        if args.workers > 1 and not reason:
+            group.runtime_dir()
+    except group.UnsafeFolder as e:
+        reason = str(e)
     try:  # held while the workers run, so that a worker restarted later still finds the port this server's
         claim = group.claim_grpc_port(args.grpc_port) if args.grpc_port and not reason else None
     except group.PortTaken as e:

@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio.to_thread
 from fastapi import FastAPI
@@ -41,10 +42,19 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     tracing.STATE.configure(os.environ)  # OTLP export from OTEL_* in each worker process, after the fork
     # The threadpool runs every inference; it must admit as many as the in-flight limit does.
     anyio.to_thread.current_default_thread_limiter().total_tokens = max(40, worker.settings.max_in_flight)
-    if worker.settings.model_control == "explicit" and group.one_of_several():  # loads reach every worker
-        group.reap_shared_dirs()
-        worker.sync = modelsync.ModelSync(worker.control, group.shared_dir())
+    folder = None
+    if group.one_of_several():
+        try:
+            group.reap_shared_dirs()
+            folder = group.shared_dir()
+        except group.UnsafeFolder as e:
+            log.error("%s", e)  # the one line to read among uvicorn's traceback; the server does not start
+            raise
+    if worker.settings.model_control == "explicit" and folder is not None:  # loads reach every worker
+        worker.sync = modelsync.ModelSync(worker.control, folder, lambda: worker.admission.draining)
     starting = asyncio.create_task(asyncio.to_thread(worker.start))  # liveness answers meanwhile
+    if folder is not None:
+        await replacement_started(folder, starting)
     polling = asyncio.create_task(poll(worker, starting)) if worker.settings.model_control == "poll" else None
     watching = asyncio.create_task(modelsync.watch(worker.sync, starting, worker.settle)) if worker.sync else None
     worker.drain.install()  # SIGTERM: not ready at once, in-flight requests finish, then uvicorn's shutdown
@@ -64,6 +74,21 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     await starting
     tracing.STATE.shutdown()  # flushes the spans still queued
     metrics.worker_exit()
+
+
+STARTED = "started"  # in the workers' shared folder, once one of them has loaded its start-up models
+
+
+async def replacement_started(folder: Path, starting: asyncio.Task[None]) -> None:
+    """A worker that starts once another has served (uvicorn replaced one that died) returns only when its models
+    are loaded: uvicorn takes connections once the lifespan has started, and until then the others serve them. It
+    took some and answered 503 "parity warm-up running" while the server was ready. At the server's own start,
+    liveness answers meanwhile."""
+    marker = folder / STARTED
+    if marker.exists():
+        await asyncio.shield(starting)
+    else:
+        starting.add_done_callback(lambda _: marker.touch())
 
 
 async def poll(worker: Worker, starting: asyncio.Task[None]) -> None:

@@ -159,7 +159,7 @@ class ModelControl:
                 policy = policy or self.repository.policy(name)
                 self.runtime.serve(self.build_exactly(name, versions, policy))
             except LOAD_ERRORS as e:
-                raise ModelLoadFailed(f"failed to load model {name!r}: {e}") from None
+                raise ModelLoadFailed(f"failed to load model {name!r}: {self.repository.relative(str(e))}") from None
             for version in sorted(set(self.runtime.serving.get(name, {})) - set(versions)):
                 self.runtime.retire(name, version, "not selected by the version_policy any more")
             self._adopt(name, policy)

@@ -21,13 +21,17 @@ import fcntl
 import multiprocessing
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from app.settings import Settings
+
 ENV_HINT = "--grpc-port or NORMSERVE_GRPC_PORT"
+RUNTIME_HINT = "remove it, or set NORMSERVE_RUNTIME_DIR to a folder of this user's own"
 
 
 class PortTaken(RuntimeError):
@@ -100,17 +104,52 @@ def server_id() -> str:
 
 
 def runtime_dir() -> Path:
-    """Where the claims and the shared folders live: per user, since SO_REUSEPORT only pairs one user's sockets."""
-    folder = Path(tempfile.gettempdir()) / f"normserve-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
+    """Where the claims and the shared folders live: per user, since SO_REUSEPORT only pairs one user's sockets.
+
+    NORMSERVE_RUNTIME_DIR, else $XDG_RUNTIME_DIR/normserve (a folder of the user's own), else the temporary
+    directory's normserve-UID; created 0700, and refused (UnsafeFolder) unless this user's alone: another user who
+    made the temporary one first could rewrite the workers' model state and hold the gRPC port's claim."""
+    configured = Settings().runtime_dir
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+    if configured:
+        folder = Path(configured)
+    elif xdg:
+        folder = Path(xdg) / "normserve"
+    else:
+        folder = Path(tempfile.gettempdir()) / f"normserve-{os.getuid()}"
+    return private(folder)
+
+
+class UnsafeFolder(RuntimeError):
+    """A folder the server keeps its own state in that another user owns, or may write: the message says which."""
+
+
+def private(folder: Path) -> Path:
+    """The folder, made 0700 if missing; UnsafeFolder if it is a link, not a folder, another user's, or open to
+    others (never repaired: whoever made it so may have written in it already)."""
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise UnsafeFolder(f"{folder}: cannot create it ({e.strerror}); {RUNTIME_HINT}") from None
+    st = folder.lstat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeFolder(f"{folder}: not a folder (a link or a file); {RUNTIME_HINT}")
+    if st.st_uid != os.geteuid():
+        raise UnsafeFolder(
+            f"{folder}: owned by uid {st.st_uid}, not by this server's uid {os.geteuid()}; {RUNTIME_HINT}"
+        )
+    if st.st_mode & 0o077:
+        raise UnsafeFolder(
+            f"{folder}: mode {stat.S_IMODE(st.st_mode):04o}, open to other users, not 0700; {RUNTIME_HINT}"
+        )
     return folder
 
 
 def shared_dir() -> Path:
-    """A folder that the workers of this server share (app/server/modelsync.py), created by the first to ask."""
-    folder = runtime_dir() / f"server-{server_id()}"
-    folder.mkdir(exist_ok=True)
-    return folder
+    """A folder that the workers of this server share (app/server/modelsync.py), created 0700 by the first to ask."""
+    return private(runtime_dir() / f"server-{server_id()}")
 
 
 def reap_shared_dirs() -> list[Path]:
@@ -126,7 +165,7 @@ def reap_shared_dirs() -> list[Path]:
 
 @contextmanager
 def _exclusive(path: Path) -> Iterator[None]:
-    with path.open("a") as f:
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600), "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)  # held for a read and a write: never long
         try:
             yield
@@ -139,9 +178,13 @@ def claim_grpc_port(port: int, owner: str | None = None) -> IO[str]:
 
     PortTaken if another server holds it."""
     owner = owner or server_id()
-    folder = runtime_dir()
+    try:
+        folder = runtime_dir()
+    except UnsafeFolder as e:
+        raise PortTaken(f"cannot claim gRPC port {port}: {e}") from None
     with _exclusive(folder / f"grpc-{port}.lock"):
-        claim = (folder / f"grpc-{port}.owner").open("a+")
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        claim = os.fdopen(os.open(folder / f"grpc-{port}.owner", flags, 0o600), "a+")
         try:
             fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # held: by this server's other workers, or by another server

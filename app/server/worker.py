@@ -18,6 +18,7 @@ from app.server.control import LOAD_ERRORS, ModelControl
 from app.server.dataplane import DataPlane
 from app.server.drain import Drain
 from app.server.modelsync import ModelSync
+from app.server.operations import Operations
 from app.server.telemetry.statistics import Statistics
 from app.settings import Settings
 
@@ -41,6 +42,7 @@ class Worker:
         self.runtime = self.plane.runtime
         self.control = ModelControl(self.runtime)
         self.sync: ModelSync | None = None  # explicit mode with several workers: set by the app's lifespan
+        self.operations = Operations(settings.model_control_wait_s)  # the repository API's loads and unloads
         self.drain = Drain(self.admission, settings.drain_timeout_s)
         self.failed_at_start: dict[str, str] = {}  # model name: why it failed at start (readiness waits on them)
 
@@ -89,17 +91,21 @@ class Worker:
         )
         self.admission.ready = True
 
-    def load_model(self, name: str) -> list[Model]:
-        """A load through the repository API; with several workers, applied by every one before it returns."""
-        models = self.control.load(name) if self.sync is None else self.sync.run(lambda: self.control.load(name), name)
+    def load_model(self, name: str, deadline: float | None = None) -> list[Model]:
+        """A load through the repository API; with several workers, applied by every one before it returns (503
+        if the server-wide lock is not free by the deadline)."""
+        if self.sync is None:
+            models = self.control.load(name)
+        else:
+            models = self.sync.run(lambda: self.control.load(name), name, "load", deadline)
         self.settle()
         return models
 
-    def unload_model(self, name: str) -> list[int]:
+    def unload_model(self, name: str, deadline: float | None = None) -> list[int]:
         """An unload through the repository API; with several workers, applied by every one before it returns."""
         if self.sync is None:
             return self.control.unload(name)
-        return self.sync.run(lambda: self.control.unload(name), name)
+        return self.sync.run(lambda: self.control.unload(name), name, "unload", deadline)
 
     def settle(self) -> None:
         """After a load (poll, the repository API): a worker whose start left models failing becomes ready once

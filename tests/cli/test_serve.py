@@ -100,6 +100,23 @@ def test_a_grpc_port_claimed_by_another_server_is_refused_before_it_listens(
     ]
 
 
+def test_a_runtime_folder_open_to_other_users_is_refused_before_the_workers_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another user could rewrite the workers' model state there: app/server/group.py."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("NORMSERVE_RUNTIME_DIR", str(shared))
+    args = ["--port", str(free_port()), "--grpc-port", "0", "--workers", "2", "--model-dir", str(tmp_path / "none")]
+    assert serve.command(args) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"normserve serve: error: {shared}: mode 0777, open to other users, not 0700; remove it, or set "
+        "NORMSERVE_RUNTIME_DIR to a folder of this user's own"
+    ]
+    assert not (tmp_path / "none").exists()
+
+
 @pytest.mark.parametrize("port", ["-1", "65536"])
 def test_a_grpc_port_out_of_range_is_refused(capsys: pytest.CaptureFixture[str], port: str) -> None:
     with pytest.raises(SystemExit) as e:

@@ -9,8 +9,11 @@ uvicorn's own handle_exit is installed first, as uvicorn installs it before the 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TypeVar
 
@@ -23,12 +26,17 @@ from fastapi import FastAPI
 from starlette.routing import Match
 
 from app.core.seeds import SEED003
+from app.server import group
 from app.server.app import create_app
 from app.server.drain import DRAIN_SIGNALS
 from app.server.worker import Worker
 from app.settings import Settings
-from tests.live_server import MODELS
+from benchmarks.servers import Server
+from tests.cli.normserve import NORMSERVE
+from tests.live_server import MODELS, cli_server
 from tests.polling import run
+from tests.repositories import copy_models
+from tests.server.test_modelsync import all_started, explicit_env, workers
 
 T = TypeVar("T")
 
@@ -206,3 +214,30 @@ def test_the_lifespan_gives_the_threadpool_at_least_as_many_threads_as_admitted_
             return int(anyio.to_thread.current_default_thread_limiter().total_tokens)
 
     assert run(scenario()) == threads
+
+
+@pytest.mark.slow  # about 30 s: three models to load twice, on two cores
+def test_a_worker_that_replaces_a_dead_one_takes_connections_only_once_its_models_are_loaded(tmp_path: Path) -> None:
+    """It took some while its start-up load ran and answered 503 "parity warm-up running", the server being ready.
+    The encoders make that load last seconds; probes on new connections, which either worker may take, run until
+    the replacement has started."""
+    repository = copy_models(tmp_path / "models")
+    env = explicit_env(repository)
+    with cli_server([str(NORMSERVE), "serve", "--workers", "2"], env) as server:
+        all_started(server, 2)
+        first = workers(server, 2)
+        os.kill(min(first), signal.SIGKILL)
+        answers: Counter[tuple[int, str]] = Counter()
+        deadline = time.monotonic() + 60
+        while len(first & (now := workers(server, 2))) != 1 or len(now) != 2 or not _started(server, now):
+            assert time.monotonic() < deadline, "uvicorn did not replace the worker"
+            r = httpx.get(f"{server.base}/v2/health/ready")
+            answers[r.status_code, r.text] += 1
+        assert {status for status, _ in answers} == {200}, answers
+
+
+def _started(server: Server, pids: set[int]) -> bool:
+    """Whether each of these workers has loaded its start-up models (modelsync.py's acknowledgements)."""
+    folder = group.runtime_dir() / f"server-{server.pid}-{group.started_at(server.pid)}"
+    acks = [folder / f"worker-{pid}.json" for pid in pids]
+    return all(f.exists() and json.loads(f.read_text())["generation"] >= 0 for f in acks)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +99,57 @@ def test_processes_given_one_listening_socket_are_one_server() -> None:
         assert ids == {f"socket-{os.fstat(listening.fileno()).st_ino}"}
     alone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout
     assert not alone.startswith("socket-")
+
+
+@pytest.fixture
+def configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """NORMSERVE_RUNTIME_DIR set to a folder not made yet."""
+    folder = tmp_path / "runtime"
+    monkeypatch.setenv("NORMSERVE_RUNTIME_DIR", str(folder))
+    return folder
+
+
+def test_the_runtime_folder_is_made_private_and_a_server_folder_in_it_too(configured: Path) -> None:
+    assert group.runtime_dir() == configured
+    shared = group.shared_dir()
+    for folder in (configured, shared):
+        st = folder.lstat()
+        assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o700, os.geteuid())
+
+
+OTHER_UID = 40002  # a uid no process of the test runs as
+
+
+@pytest.mark.parametrize(
+    ("how", "problem"),
+    [
+        ("mode 0777", "mode 0777, open to other users, not 0700"),
+        ("mode 0750", "mode 0750, open to other users, not 0700"),
+        ("another owner", f"owned by uid {OTHER_UID}, not by this server's uid {os.geteuid()}"),
+        ("a link", "not a folder (a link or a file)"),
+    ],
+)
+def test_a_runtime_folder_that_is_not_this_users_alone_is_refused_and_the_grpc_port_with_it(
+    configured: Path, tmp_path: Path, how: str, problem: str
+) -> None:
+    """Another local user who made it first (in a shared temporary directory) could rewrite the workers' model state
+    and hold the gRPC port's claim: the server refuses to start instead, naming the folder and the setting."""
+    if how == "a link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        configured.symlink_to(tmp_path / "elsewhere")
+    else:
+        configured.mkdir()
+        configured.chmod(0o777 if how == "mode 0777" else 0o750 if how == "mode 0750" else 0o700)
+        if how == "another owner":
+            if os.geteuid() != 0:
+                pytest.skip("giving a folder to another uid takes root")
+            os.chown(configured, OTHER_UID, OTHER_UID)
+    message = f"{configured}: {problem}; remove it, or set NORMSERVE_RUNTIME_DIR to a folder of this user's own"
+    with pytest.raises(group.UnsafeFolder) as refused:
+        group.shared_dir()
+    assert str(refused.value) == message
+    port = free_port()
+    with pytest.raises(group.PortTaken) as taken:
+        group.claim_grpc_port(port, owner="555-1")
+    assert str(taken.value) == f"cannot claim gRPC port {port}: {message}"
+    assert not (configured / f"grpc-{port}.owner").exists()  # nothing written in it

@@ -7,6 +7,7 @@ in this process, its peers standing in as other processes' files in the shared f
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -96,15 +97,22 @@ def repository(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.fixture
-def server(repository: Path) -> Iterator[Server]:
-    env = {
+def explicit_env(repository: Path, **settings: str) -> dict[str, str]:
+    """The environment of a server of several workers in explicit mode with the admin token, NORMSERVE_* on top."""
+    more = {f"NORMSERVE_{k.upper()}": v for k, v in settings.items()}
+    return {
         **os.environ,
         "NORMSERVE_MODEL_DIR": str(repository),
         "NORMSERVE_MODEL_CONTROL": "explicit",
         "NORMSERVE_ADMIN_TOKEN": TOKEN,
         "NORMSERVE_LOG_LEVEL": "warning",
+        **more,
     }
+
+
+@pytest.fixture
+def server(repository: Path) -> Iterator[Server]:
+    env = explicit_env(repository)
     with cli_server([str(NORMSERVE), "serve", "--workers", "2"], env) as running:
         all_started(running, 2)
         yield running
@@ -235,14 +243,27 @@ def test_a_worker_that_does_not_apply_a_change_in_time_is_named(
     assert str(e.value) == f"model 'ln': applied here, but worker(s) {peer} did not apply it within 0.3 s"
 
 
-def test_a_worker_that_failed_to_apply_a_change_is_named_with_its_reason(
-    repository: Path, tmp_path: Path, peer: int
+def test_a_worker_that_failed_to_apply_a_change_is_named_with_its_reason_and_the_change_rolled_back(
+    repository: Path, tmp_path: Path, peer: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The workers converge on what they served before rather than serve different versions; the peer here is a
+    file that never applies the roll-back either, which the answer says."""
     sync = _sync(repository, tmp_path)
-    _ack(tmp_path, peer, 1, "failed to load model 'ln': no space left")
+    sync.run(lambda: sync.control.unload("layernorm"), "layernorm")  # generation 1, before the peer started
+    add_version(repository, "ln", 2)
+    _ack(tmp_path, peer, 2, "failed to load model 'ln': ln/2/model.onnx: no space left")
+    monkeypatch.setattr(modelsync, "APPLY_TIMEOUT_S", 0.3)
     with pytest.raises(ModelLoadFailed) as e:
-        sync.run(lambda: sync.control.unload("ln"), "ln")
-    assert str(e.value) == f"model 'ln': worker {peer} could not apply it: failed to load model 'ln': no space left"
+        sync.run(lambda: sync.control.load("ln"), "ln")
+    assert str(e.value) == (
+        f"model 'ln': worker {peer} could not apply it: failed to load model 'ln': ln/2/model.onnx: no space left; "
+        f"rolling back failed too: model 'ln': applied here, but worker(s) {peer} did not apply it within 0.3 s"
+    )
+    assert sorted(sync.control.runtime.serving["ln"]) == [1]
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert (state["generation"], state["serving"]) == (3, {"ln": [1]})
+    _ack(tmp_path, peer, 4)  # the peer follows again: the next change goes through
+    assert sync.run(lambda: sync.control.unload("ln"), "ln") == [1]
 
 
 def test_a_worker_that_died_is_not_waited_for(repository: Path, tmp_path: Path) -> None:
@@ -251,3 +272,113 @@ def test_a_worker_that_died_is_not_waited_for(repository: Path, tmp_path: Path) 
     _ack(tmp_path, int(gone.stdout), 0)
     assert sync.run(lambda: sync.control.unload("ln"), "ln") == [1]
     assert not (tmp_path / f"worker-{gone.stdout.strip()}.json").exists()
+
+
+def _shared_folder(server: Server) -> Path:
+    return group.runtime_dir() / f"server-{server.pid}-{group.started_at(server.pid)}"
+
+
+def _invalid(problem: str) -> dict[str, str]:
+    return {
+        "error": f"the workers' shared model state (state.json) is invalid: {problem}; no load or unload runs until "
+        "the server restarts"
+    }
+
+
+@pytest.mark.parametrize(
+    ("how", "problem"),
+    [
+        ("garbage", "not JSON"),
+        ("a generation that is no number", "expected an object of generation, serving, policies and states"),
+        ("a FIFO", "not a regular file"),
+        ("a link", "a symbolic link"),
+        ("a generation gone back", "its generation 1 is older than this worker's 2"),
+    ],
+)
+def test_a_state_file_no_worker_wrote_is_refused_with_503_and_no_worker_changes(
+    repository: Path, server: Server, how: str, problem: str
+) -> None:
+    """Applied, it unloaded every model, answered 500, made the workers diverge after a 200, or hung them (a FIFO)."""
+    assert control(server, "unload", "ln").status_code == 200  # generation 1
+    assert control(server, "load", "ln").status_code == 200  # generation 2
+    state = _shared_folder(server) / "state.json"
+    good = json.loads(state.read_text())
+    state.unlink()
+    if how == "garbage":
+        state.write_text("garbage")
+    elif how == "a generation that is no number":
+        state.write_text(json.dumps({"generation": "x"}))
+    elif how == "a FIFO":
+        os.mkfifo(state)
+    elif how == "a link":
+        (state.parent / "elsewhere.json").write_text(json.dumps(good))
+        state.symlink_to(state.parent / "elsewhere.json")
+    else:
+        state.write_text(json.dumps({**good, "generation": 1}))
+    time.sleep(0.3)  # every worker's watcher has looked at it
+    for action, name in (("unload", "layernorm"), ("load", "ln")):
+        r = control(server, action, name)
+        assert (r.status_code, r.json()) == (503, _invalid(problem))
+    assert versions(server.base, "ln") == {(200, ("1",))}
+    assert versions(server.base, "layernorm") == {(200, ("1",))}
+
+
+def test_a_state_file_deleted_is_written_anew_past_every_workers_generation(repository: Path, server: Server) -> None:
+    """It restarted at generation 1, which the workers at a higher one ignored: an unload answered 200 on one worker
+    while the other served on."""
+    for action in ("unload", "load", "unload", "load"):
+        assert control(server, action, "ln").status_code == 200
+    state = _shared_folder(server) / "state.json"
+    state.unlink()
+    assert control(server, "unload", "ln").status_code == 200
+    assert json.loads(state.read_text())["generation"] == 5
+    assert {s for s, _ in everywhere(server.base, "GET", "/v2/models/ln")} == {404}
+
+
+def test_an_unload_sent_while_a_worker_still_loads_at_start_is_refused_there_and_every_worker_converges(
+    tmp_path: Path,
+) -> None:
+    """A worker that ran it while still loading published a state its own start-up then overrode: layernorm
+    UNAVAILABLE on one worker, READY on the other. The encoder makes start-up last seconds."""
+    repository = copy_models(tmp_path / "models", ("layernorm", "encoder"))
+    env = explicit_env(repository)
+    starting = "cannot unload model 'layernorm' yet: this worker of the server is still loading its start-up models"
+    answers = set()
+    with cli_server([str(NORMSERVE), "serve", "--workers", "2"], env, ready="/v2/health/live") as running:
+        deadline = time.monotonic() + 60
+        while (r := control(running, "unload", "layernorm")).status_code != 200:
+            answers.add((r.status_code, r.json()["error"]))
+            assert time.monotonic() < deadline, answers
+        all_started(running, 2)
+        assert answers <= {(503, f"{starting}; retry")}
+        assert {s for s, _ in everywhere(running.base, "GET", "/v2/models/layernorm")} == {404}
+        assert index(running.base)[-1] == ("layernorm", "1", "UNAVAILABLE", "unloaded")
+
+
+TRIES = 8
+
+
+def test_files_changed_while_the_workers_load_never_leave_them_diverged_nor_quote_the_repositorys_path(
+    repository: Path, server: Server
+) -> None:
+    """A version's model.onnx tampered with 0 to 120 ms after its load was sent: the worker that answers may load it
+    before, and its peer after (the peer then fails), or both may see either file. Whatever each try answers, every
+    worker serves the same versions after it, and no answer names the repository's absolute path: the peer's
+    failure said it, and left the answering worker on the new version and the other on none."""
+    rng = np.random.default_rng(37)
+    seen = set()
+    for version in range(2, 2 + TRIES):
+        onnx = add_version(repository, "ln", version) / "model.onnx"
+        with httpx.Client(timeout=120, headers=AUTH) as client:
+            sent = client.build_request("POST", f"{server.base}/v2/repository/models/ln/load")
+            pending = concurrent.futures.ThreadPoolExecutor(1).submit(client.send, sent)
+            time.sleep(float(rng.uniform(0, 0.12)))
+            onnx.write_bytes(onnx.read_bytes() + b"\0")
+            r = pending.result()
+        assert str(repository) not in r.text
+        assert r.status_code in (200, 400), r.text
+        outcome = "loaded" if r.status_code == 200 else "rolled back" if "rolled back" in r.text else "refused"
+        seen.add(outcome)
+        answers = versions(server.base, "ln")
+        assert len(answers) == 1, f"try {version} ({outcome}: {r.text}): the workers diverged: {answers}"
+    print(f"\n{TRIES} tries: {sorted(seen)}")

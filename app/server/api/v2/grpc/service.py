@@ -105,13 +105,13 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
         """As HTTP's load: explicit mode only; done (or failed, with the reason) when it answers."""
         self._admin(context, "load")
         name = self._control(request, "load", call)
-        await asyncio.to_thread(self.worker.load_model, name)
+        await self.worker.operations.run("load", lambda deadline: self.worker.load_model(name, deadline))
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: Any, call: Call) -> Any:
         self._admin(context, "unload")
         name = self._control(request, "unload", call)
-        await asyncio.to_thread(self.worker.unload_model, name)
+        await self.worker.operations.run("unload", lambda deadline: self.worker.unload_model(name, deadline))
         return pb.RepositoryModelUnloadResponse()
 
     def _admin(self, context: Any, action: str | None = None) -> None:

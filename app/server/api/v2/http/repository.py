@@ -2,15 +2,15 @@
 
 Thin routes on the Worker's ModelControl (app/server/control.py): the admin token first
 (app/server/api/admin.py), then the name is checked (app/core/repository.py) before any path is
-built from it. Loads and unloads run in the threadpool: a load's session build and warm-up take
-seconds of CPU, and inference on every other model goes on meanwhile.
+built from it. Loads and unloads queue, one at a time, and run on the worker's control thread
+(app/server/operations.py): a load's session build and warm-up take seconds of CPU, and inference
+on every other model goes on meanwhile, its threadpool never held by a call waiting its turn.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import anyio.to_thread
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
@@ -70,7 +70,7 @@ async def load(name: str, request: Request, worker: Worker) -> Response:
     others; 200 once they serve, 400 with the reason when a load fails (what served goes on serving)."""
     await _admin_body(request, worker, {}, "load")
     worker.control.check_explicit("load", check_name(name))
-    models = await anyio.to_thread.run_sync(worker.load_model, name)
+    models = await worker.operations.run("load", lambda deadline: worker.load_model(name, deadline))
     serving = sorted(worker.runtime.serving.get(name, {}))
     return json_response({"name": name, "loaded": [m.version for m in models], "serving": [str(v) for v in serving]})
 
@@ -80,7 +80,7 @@ async def unload(name: str, request: Request, worker: Worker) -> Response:
     """Stop serving every version of the model; requests already running on one finish on it."""
     await _admin_body(request, worker, {"parameters.unload_dependents": bool}, "unload")
     worker.control.check_explicit("unload", check_name(name))
-    versions = await anyio.to_thread.run_sync(worker.unload_model, name)
+    versions = await worker.operations.run("unload", lambda deadline: worker.unload_model(name, deadline))
     return json_response({"name": name, "unloaded": [str(v) for v in versions]})
 
 
