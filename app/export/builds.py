@@ -76,8 +76,6 @@ def build_layernorm(
     if learned is None:
         manifest["config"] = {}
         figures = parity.layernorm_parity(session, module)
-        cases = [c for c in parity.layernorm_cases() if not c.id.startswith("seed")]
-        rows, inputs = [parity.layernorm_feeds(c)["input"] for c in cases], "the seeded N(0,1) parity inputs' rows"
     else:
         gamma, beta = gamma_beta(learned)
         graph.save_npz(folder / WEIGHTS_FILE, {"gamma": gamma, "beta": beta})
@@ -88,14 +86,22 @@ def build_layernorm(
             "bias": learned.bias is not None,
         }
         figures = parity.learned_layernorm_parity(session, learned, gamma, beta)
-        x = parity.learned_layernorm_inputs(gamma.shape)[(5,)]
-        rows, inputs = [x.reshape(len(x), -1)], "the seeded N(0,1) parity input [5,...] at scale 1, by row"
     manifest["parity"] = _check_parity(name, *figures, tolerance, say)
-    if calibration is not None:
-        size = calibration.array.shape[-1] if learned is None else gamma.size
-        rows, inputs = [calibration.array.reshape(-1, size)], calibration.description
-    manifest["baseline"] = baselines.manifest_entry(baselines.layernorm_stats(rows), inputs)
+    manifest["baseline"] = _layernorm_baseline(learned, calibration)
     return manifest
+
+
+def _layernorm_baseline(learned: torch.nn.LayerNorm | None, calibration: Calibration | None) -> dict[str, Any]:
+    if calibration is not None:
+        size = calibration.array.shape[-1] if learned is None else int(np.prod(learned.normalized_shape))
+        rows, inputs = [calibration.array.reshape(-1, size)], calibration.description
+    elif learned is None:
+        cases = [c for c in parity.layernorm_cases() if not c.id.startswith("seed")]  # not the hand-made goldens
+        rows, inputs = [parity.layernorm_feeds(c)["input"] for c in cases], "the seeded N(0,1) parity inputs' rows"
+    else:
+        x = parity.learned_layernorm_inputs(tuple(learned.normalized_shape))[(5,)]
+        rows, inputs = [x.reshape(len(x), -1)], "the seeded N(0,1) parity input [5,...] at scale 1, by row"
+    return baselines.manifest_entry(baselines.layernorm_stats(rows), inputs)
 
 
 def gamma_beta(learned: torch.nn.LayerNorm) -> tuple[np.ndarray, np.ndarray]:

@@ -93,10 +93,9 @@ def export_encoder(
 ) -> Exported:
     """A trained encoder as the next version of name: a whole module (--module) or a state_dict (--checkpoint).
 
-    calibration: a (batch, seq, d_model) .npy like the traffic to come, the drift monitor's baseline.
-
     sizes: EncoderConfig fields given by flags (a state_dict's heads, activation, ...); the others are read
     from the checkpoint (checkpoints.py) or the module (sources.py), whose own forward parity is measured against.
+    calibration: a (batch, seq, d_model) .npy like the traffic to come, the drift monitor's baseline.
     """
     say = progress or (lambda _message: None)
     _check_opset(opset)
@@ -169,11 +168,7 @@ def export_layernorm(
         raise ValueError("export_layernorm needs a module or a checkpoint")
     if not learned.eps > 0:
         raise ValueError(f"eps must be positive, got {learned.eps}")
-    inputs = None
-    if calibration is not None:
-        normalized = tuple(learned.normalized_shape)
-        array = baselines.load_calibration(calibration, f"(..., {', '.join(map(str, normalized))})", None, normalized)
-        inputs = Calibration(array, f"--calibration {calibration.name} {list(array.shape)}, by row")
+    inputs = None if calibration is None else _layernorm_calibration(calibration, tuple(learned.normalized_shape))
     root = Path(repository)
     with _writing(root, say), versions.staging(root, name) as folder:
         manifest = builds.build_layernorm(folder, name, learned.eval(), opset, tolerance, say, inputs)
@@ -181,6 +176,11 @@ def export_layernorm(
             session = graph.load_session(folder / MODEL_FILE, layernorm_kind.INPUTS, layernorm_kind.OUTPUTS)
             manifest["check"] = checks.check_layernorm(session, learned, check, tolerance)
         return _commit(root, name, folder, manifest, None)
+
+
+def _layernorm_calibration(path: Path, normalized: tuple[int, ...]) -> Calibration:
+    array = baselines.load_calibration(path, f"(..., {', '.join(map(str, normalized))})", None, normalized)
+    return Calibration(array, f"--calibration {path.name} {list(array.shape)}, by row")
 
 
 def _layernorm_from_state(checkpoint: Path, eps: float) -> torch.nn.LayerNorm:
