@@ -15,6 +15,7 @@ below 0.1 stable, 0.1 to 0.25 a moderate shift worth a look, above 0.25 drifted.
 from __future__ import annotations
 
 import math
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from app.core.dataplane import EncodeOutput, NormalizeOutput
 
 Array = npt.NDArray[np.float64]
 
@@ -33,6 +36,7 @@ DECILES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 PSI_EPSILON = 1e-4
 STABLE, DRIFTED = 0.1, 0.25  # below STABLE: stable; above DRIFTED: drifted; between: a moderate shift
 WINDOW_SLOTS = 10  # the window slides in tenths: an observation leaves it at most window_s / 10 late
+LAYERNORM_LAYER = "layernorm"  # a layernorm model's one LayerNorm, as the manifest and the `layer` label name it
 
 
 @dataclass(frozen=True)
@@ -190,3 +194,68 @@ class Drift:
 
     def psi(self) -> float:
         return psi(self.window.counts(), self.expected)
+
+
+NO_BASELINE = "no baseline: this version was exported before the drift monitor; export it again to monitor it"
+
+
+def sampled(fraction: float, draw: Callable[[], float] = random.random) -> bool:
+    """Whether this request is one the monitor counts (NORMSERVE_MONITOR_SAMPLE): every one at 1, none at 0."""
+    return fraction >= 1 or (fraction > 0 and draw() < fraction)
+
+
+def output_statistics(
+    result: NormalizeOutput | EncodeOutput, padding_mask: npt.NDArray[np.bool_] | None = None
+) -> list[tuple[str, Array, Array]]:
+    """Each LayerNorm's per-position input (mean, std) in an answer: a layernorm model's rows (its one LayerNorm),
+    an encoder's unpadded tokens. The answer already holds them: nothing is computed again."""
+    if isinstance(result, NormalizeOutput):
+        return [(LAYERNORM_LAYER, result.mean.ravel(), np.sqrt(result.var.ravel()))]
+    keep = None if padding_mask is None else ~np.asarray(padding_mask, dtype=bool).reshape(result.output.shape[:2])
+    return [(name, mean if keep is None else mean[keep], std if keep is None else std[keep])
+            for name, mean, std in result.layer_norms]  # fmt: skip
+
+
+class ModelMonitor:
+    """One model version's drift per LayerNorm, from its manifest's baseline; none for a version without one."""
+
+    def __init__(
+        self,
+        model: str,
+        version: str,
+        baseline_doc: Mapping[str, Any] | None,
+        window_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.model, self.version, self.window_s = model, version, window_s
+        self.inputs = None if baseline_doc is None else str(baseline_doc.get("inputs", ""))
+        layers = {} if baseline_doc is None else baseline_doc.get("layers", {})
+        self.layers = {name: Drift(Baseline.from_json(doc), window_s, clock) for name, doc in layers.items()}
+
+    def observe(self, statistics: Sequence[tuple[str, Array, Array]]) -> None:
+        """Count one answer's per-position stds in each LayerNorm's window (layers without a baseline skipped)."""
+        for name, _mean, std in statistics:
+            drift = self.layers.get(name)
+            if drift is not None:
+                drift.observe(std)
+
+    def report(self) -> dict[str, Any]:
+        """GET /v2/models/{name}/monitor's answer (API.md section 13); psi is null for an empty window."""
+        doc: dict[str, Any] = {"model": self.model, "version": self.version, "window_s": self.window_s}
+        if self.inputs is None:
+            return doc | {"baseline": NO_BASELINE, "layers": []}
+        return doc | {"baseline": self.inputs, "layers": [_layer_report(n, d) for n, d in self.layers.items()]}
+
+
+def _layer_report(name: str, drift: Drift) -> dict[str, Any]:
+    counts = drift.window.counts()
+    value = psi(counts, drift.expected)
+    live = {"std_bins": [float(e) for e in drift.edges], "counts": counts.tolist(), "expected": drift.expected.tolist()}
+    return {
+        "name": name,
+        "psi": None if math.isnan(value) else value,
+        "verdict": verdict(value),
+        "samples": int(counts.sum()),
+        "baseline": drift.baseline.to_json(),
+        "live": live,
+    }

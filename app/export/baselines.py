@@ -18,7 +18,7 @@ import numpy as np
 from app.core import monitor
 from app.core.reference import EncoderConfig, encoder
 
-LAYERNORM_LAYER = "layernorm"  # a layernorm model's one LayerNorm, as the monitor's `layer` label names it
+LAYERNORM_LAYER = monitor.LAYERNORM_LAYER
 
 
 def manifest_entry(stats: Mapping[str, tuple[np.ndarray, np.ndarray]], inputs: str) -> dict[str, Any]:
