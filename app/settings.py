@@ -115,3 +115,12 @@ class Settings(BaseSettings):
         "info", description="Log level: debug, info, warning, error, critical."
     )
     validate_atol: float = Field(1e-4, gt=0, description="Tolerance of `validate: true` for the encoders.")
+    # The LayerNorm drift monitor (app/core/monitor.py): at 1 every request's per-position statistics are counted.
+    monitor_sample: float = Field(
+        1.0, ge=0, le=1, description="Fraction of requests whose LayerNorm statistics the monitor counts (0 = off)."
+    )
+    # 300 s: five minutes of traffic against the baseline, the span Prometheus' rate() windows usually take; the
+    # window slides in tenths of it (monitor.WINDOW_SLOTS).
+    monitor_window_s: float = Field(
+        300.0, gt=0, description="The drift monitor's sliding window: the PSI compares its stds with the baseline."
+    )

@@ -65,6 +65,9 @@ def _readme_defaults() -> dict[str, str]:
         ("NORMSERVE_BATCH_MAX_SEQ_LEN", "128", "batch_max_seq_len", 128),
         ("NORMSERVE_LOG_LEVEL", "warning", "log_level", "warning"),
         ("NORMSERVE_VALIDATE_ATOL", "1e-6", "validate_atol", 1e-6),
+        ("NORMSERVE_MONITOR_SAMPLE", "0.25", "monitor_sample", 0.25),
+        ("NORMSERVE_MONITOR_SAMPLE", "0", "monitor_sample", 0.0),
+        ("NORMSERVE_MONITOR_WINDOW_S", "5", "monitor_window_s", 5.0),
         ("normserve_workers", "3", "workers", 3),  # names are case-insensitive
     ],
     ids=lambda v: v if isinstance(v, str) else None,
@@ -105,6 +108,9 @@ def test_each_variable_is_parsed_into_its_typed_field(
             (("NORMSERVE_ADMIN_TOKEN", token, TOKEN_REFUSED))
             for token in ("two words", "tök", "a\x07b", "a\u202eb", "s3cret\xa0", "\x85s3cret")
         ),
+        ("NORMSERVE_MONITOR_SAMPLE", "1.5", "Input should be less than or equal to 1"),
+        ("NORMSERVE_MONITOR_SAMPLE", "-0.1", "Input should be greater than or equal to 0"),
+        ("NORMSERVE_MONITOR_WINDOW_S", "0", "Input should be greater than 0"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_field(

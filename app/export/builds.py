@@ -21,11 +21,19 @@ from app.core import encoder as encoder_kind
 from app.core import layernorm as layernorm_kind
 from app.core.reference import EncoderConfig, layer_norm_names
 from app.core.repository import MODEL_FILE, WEIGHTS_FILE
-from app.export import graph, parity
+from app.export import baselines, graph, parity
 from app.export.graph import ExportError
 from app.export.modules import Encoder, RowLayerNorm
 
 Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """Inputs like the traffic to come (--calibration), the baseline's source instead of the parity inputs."""
+
+    array: np.ndarray
+    description: str
 
 
 class ParityError(ExportError):
@@ -45,9 +53,19 @@ def architecture(cfg: EncoderConfig, source: Mapping[str, Any]) -> str:
 
 
 def build_layernorm(
-    folder: Path, name: str, learned: torch.nn.LayerNorm | None, opset: int, tolerance: float, say: Progress
+    folder: Path,
+    name: str,
+    learned: torch.nn.LayerNorm | None,
+    opset: int,
+    tolerance: float,
+    say: Progress,
+    calibration: Calibration | None = None,
 ) -> dict[str, Any]:
-    """The one layernorm graph (gamma, beta and eps are inputs); a learned one adds weights.npz and its eps."""
+    """The one layernorm graph (gamma, beta and eps are inputs); a learned one adds weights.npz and its eps.
+
+    The baseline: calibration's rows, else the seeded N(0,1) parity inputs (a learned one's at scale 1 only:
+    its x10 and x0.1 parity inputs are there to test the arithmetic, not to look like traffic).
+    """
     shape = "" if learned is None else f", normalized_shape {list(learned.normalized_shape)}"
     say(f"exporting {name} (layernorm{shape}, opset {opset}) ...")
     module = RowLayerNorm().eval()
@@ -69,7 +87,21 @@ def build_layernorm(
         }
         figures = parity.learned_layernorm_parity(session, learned, gamma, beta)
     manifest["parity"] = _check_parity(name, *figures, tolerance, say)
+    manifest["baseline"] = _layernorm_baseline(learned, calibration)
     return manifest
+
+
+def _layernorm_baseline(learned: torch.nn.LayerNorm | None, calibration: Calibration | None) -> dict[str, Any]:
+    if calibration is not None:
+        size = calibration.array.shape[-1] if learned is None else int(np.prod(learned.normalized_shape))
+        rows, inputs = [calibration.array.reshape(-1, size)], calibration.description
+    elif learned is None:
+        cases = [c for c in parity.layernorm_cases() if not c.id.startswith("seed")]  # not the hand-made goldens
+        rows, inputs = [parity.layernorm_feeds(c)["input"] for c in cases], "the seeded N(0,1) parity inputs' rows"
+    else:
+        x = parity.learned_layernorm_inputs(tuple(learned.normalized_shape))[(5,)]
+        rows, inputs = [x.reshape(len(x), -1)], "the seeded N(0,1) parity input [5,...] at scale 1, by row"
+    return baselines.manifest_entry(baselines.layernorm_stats(rows), inputs)
 
 
 def gamma_beta(learned: torch.nn.LayerNorm) -> tuple[np.ndarray, np.ndarray]:
@@ -88,7 +120,9 @@ def build_encoder(
     tolerance: float,
     say: Progress,
     against: parity.Forward | None = None,
+    calibration: Calibration | None = None,
 ) -> dict[str, Any]:
+    """The encoder's graph, weights.npz, parity, and each LayerNorm's baseline (calibration, else the parity inputs)."""
     cfg = model.cfg
     say(f"exporting {name} ({'pre' if cfg.norm_first else 'post'}-LN, d_model {cfg.d_model}, opset {opset}) ...")
     # Example sizes above 1 on both axes: torch.export specializes dims it sees as 0 or 1.
@@ -104,6 +138,14 @@ def build_encoder(
     manifest["layer_norms"] = layer_norm_names(cfg)
     figures = parity.encoder_parity(session, model, weights, against)
     manifest["parity"] = _check_parity(name, *figures, tolerance, say)
+    if calibration is None:
+        cases: list[tuple[np.ndarray, np.ndarray | None]] = list(
+            parity.encoder_cases(cfg.d_model, cfg.max_sequence_length)
+        )
+        measured_on = "the parity inputs (parity.inputs), at unpadded positions"
+    else:
+        cases, measured_on = [(calibration.array, None)], calibration.description
+    manifest["baseline"] = baselines.manifest_entry(baselines.encoder_stats(cases, weights, cfg), measured_on)
     return manifest
 
 

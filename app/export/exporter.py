@@ -23,8 +23,8 @@ import torch
 from app.core import layernorm as layernorm_kind
 from app.core.reference import EncoderConfig
 from app.core.repository import MANIFEST, MODEL_FILE
-from app.export import builds, checks, graph, options, parity, sources, versions
-from app.export.builds import ParityError
+from app.export import baselines, builds, checks, graph, options, parity, sources, versions
+from app.export.builds import Calibration, ParityError
 from app.export.checkpoints import check_config, load_encoder, load_layernorm
 from app.export.graph import ExportError
 from app.export.modules import CheckpointError, Encoder, load_checkpoint, seeded_encoder
@@ -86,6 +86,7 @@ def export_encoder(
     module: Path | None = None,
     sizes: Mapping[str, Any] | None = None,
     check: checks.CheckPair | None = None,
+    calibration: Path | None = None,
     opset: int = 18,
     tolerance: float = 1e-4,
     progress: Progress | None = None,
@@ -94,6 +95,7 @@ def export_encoder(
 
     sizes: EncoderConfig fields given by flags (a state_dict's heads, activation, ...); the others are read
     from the checkpoint (checkpoints.py) or the module (sources.py), whose own forward parity is measured against.
+    calibration: a (batch, seq, d_model) .npy like the traffic to come, the drift monitor's baseline.
     """
     say = progress or (lambda _message: None)
     check_opset(opset)
@@ -101,6 +103,7 @@ def export_encoder(
         module, checkpoint, {k: v for k, v in (sizes or {}).items() if v is not None}
     )
     check_config(model.cfg)
+    inputs = None if calibration is None else _encoder_calibration(calibration, model.cfg)
     say(f"architecture of {name}: {builds.architecture(model.cfg, source)}")
     if "note" in source:
         say(f"note: {source['note']}")
@@ -108,7 +111,7 @@ def export_encoder(
         say(f"note: {state_dict_note(model.cfg)}")
     root = Path(repository)
     with writing(root, say), versions.staging(root, name) as folder:
-        manifest = builds.build_encoder(folder, name, model, opset, tolerance, say, against)
+        manifest = builds.build_encoder(folder, name, model, opset, tolerance, say, against, inputs)
         manifest["source"] = source
         if check is not None:
             session = ort.InferenceSession(str(folder / MODEL_FILE), providers=["CPUExecutionProvider"])
@@ -129,6 +132,14 @@ def state_dict_note(cfg: EncoderConfig) -> str:
         "to check them against your module, pass --check-input X.npy --check-output Y.npy, an input and the output "
         "your module gave for it"
     )
+
+
+def _encoder_calibration(path: Path, cfg: EncoderConfig) -> Calibration:
+    shape = f"(batch, seq <= {cfg.max_sequence_length}, {cfg.d_model})"
+    array = baselines.load_calibration(path, shape, 3, (cfg.d_model,))
+    if array.shape[1] > cfg.max_sequence_length:
+        raise ValueError(f"--calibration {path}: expected a float array {shape}, got shape {list(array.shape)}")
+    return Calibration(array, f"--calibration {path.name} {list(array.shape)}")
 
 
 def _read_encoder(
@@ -152,11 +163,15 @@ def export_layernorm(
     module: Path | None = None,
     eps: float | None = None,
     check: checks.CheckPair | None = None,
+    calibration: Path | None = None,
     opset: int = 18,
     tolerance: float = 1e-4,
     progress: Progress | None = None,
 ) -> Exported:
-    """A trained torch.nn.LayerNorm as the next version of name: the default graph, with its gamma, beta and eps."""
+    """A trained torch.nn.LayerNorm as the next version of name: the default graph, with its gamma, beta and eps.
+
+    calibration: a .npy ending in the normalized_shape like the traffic to come, the drift monitor's baseline.
+    """
     say = progress or (lambda _message: None)
     check_opset(opset)
     if module is not None:
@@ -167,13 +182,19 @@ def export_layernorm(
         raise ValueError("export_layernorm needs a module or a checkpoint")
     if not learned.eps > 0:
         raise ValueError(f"eps must be positive, got {learned.eps}")
+    inputs = None if calibration is None else _layernorm_calibration(calibration, tuple(learned.normalized_shape))
     root = Path(repository)
     with writing(root, say), versions.staging(root, name) as folder:
-        manifest = builds.build_layernorm(folder, name, learned.eval(), opset, tolerance, say)
+        manifest = builds.build_layernorm(folder, name, learned.eval(), opset, tolerance, say, inputs)
         if check is not None:
             session = graph.load_session(folder / MODEL_FILE, layernorm_kind.INPUTS, layernorm_kind.OUTPUTS)
             manifest["check"] = checks.check_layernorm(session, learned, check, tolerance)
         return commit_version(root, name, folder, manifest, None)
+
+
+def _layernorm_calibration(path: Path, normalized: tuple[int, ...]) -> Calibration:
+    array = baselines.load_calibration(path, f"(..., {', '.join(map(str, normalized))})", None, normalized)
+    return Calibration(array, f"--calibration {path.name} {list(array.shape)}, by row")
 
 
 def _layernorm_from_state(checkpoint: Path, eps: float) -> torch.nn.LayerNorm:
@@ -238,10 +259,10 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
             exported = [export_text_encoder(args.repository, args.name, args.hf, **text, **common)]
         elif args.kind == "encoder":
             sizes = options.encoder_sizes(args)
-            common |= {"module": args.module, "check": checks.from_args(args)}
+            common |= {"module": args.module, "check": checks.from_args(args), "calibration": args.calibration}
             exported = [export_encoder(args.repository, args.name, args.checkpoint, sizes=sizes, **common)]
         elif args.kind == "layernorm":
-            common |= {"module": args.module, "check": checks.from_args(args)}
+            common |= {"module": args.module, "check": checks.from_args(args), "calibration": args.calibration}
             exported = [export_layernorm(args.repository, args.name, args.checkpoint, eps=args.eps, **common)]
         else:
             exported = export_defaults(

@@ -178,6 +178,13 @@ def _kind_parser(kind: str, module: str, checkpoint: str) -> argparse.ArgumentPa
     )
     source.add_argument("--checkpoint", type=Path, help=checkpoint)
     parser.add_argument("--repository", type=Path, default=Path("models"), help="model repository (default: models)")
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE.npy",
+        help="inputs like the traffic to come, batch first as the server takes them: the drift monitor's baseline "
+        "(each LayerNorm's per-position input mean and std) is measured on them (default: the parity inputs)",
+    )
     _add_common(parser)
     return parser
 

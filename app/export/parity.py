@@ -105,11 +105,9 @@ def learned_layernorm_parity(
 
     torch gives the output only: the graph's mean and inv_std_dev are checked against the reference.
     """
-    rng = np.random.default_rng(PARITY_SEED)
     shape, k, eps = gamma.shape, gamma.ndim, float(module.eps)
     vs_torch, vs_numpy = [], []
-    for batch, scale in (((5,), 1.0), ((2, 3), 10.0), ((1,), 0.1)):
-        x = (scale * rng.standard_normal((*batch, *shape))).astype(np.float32)
+    for batch, x in learned_layernorm_inputs(shape).items():
         case = LayerNormCase(f"learned-{len(batch)}", x, k, eps, "var", gamma, beta)
         feeds = layernorm_feeds(case)
         got = session.run(None, feeds)
@@ -124,6 +122,13 @@ def learned_layernorm_parity(
         "the torch.nn.LayerNorm module for the output"
     )
     return _worst(vs_torch), _worst(vs_numpy), description
+
+
+def learned_layernorm_inputs(shape: tuple[int, ...]) -> dict[tuple[int, ...], np.ndarray]:
+    """Seeded N(0,1) float32 inputs of a trained LayerNorm's shape by batch: scaled by 1, 10 and 0.1 in turn."""
+    rng = np.random.default_rng(PARITY_SEED)
+    scales = {(5,): 1.0, (2, 3): 10.0, (1,): 0.1}
+    return {b: (s * rng.standard_normal((*b, *shape))).astype(np.float32) for b, s in scales.items()}
 
 
 def encoder_cases(d_model: int, max_sequence_length: int) -> list[tuple[np.ndarray, np.ndarray]]:

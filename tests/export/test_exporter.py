@@ -23,6 +23,7 @@ import torch
 
 import app
 from app.core.encoder import output_names
+from app.core.monitor import Baseline
 from app.core.reference import EncoderConfig, layer_norm_names
 from app.core.repository import Repository
 from app.export.exporter import Exported, ParityError, export_defaults, main
@@ -49,7 +50,9 @@ FILES = {
     "encoder/1": ["manifest.json", "model.onnx", "weights.npz"],
     "encoder-preln/1": ["manifest.json", "model.onnx", "weights.npz"],
 }
-MANIFEST_KEYS = {"format_version", "name", "version", "kind", "config", "inputs", "outputs", "files", "opset", "parity"}
+MANIFEST_KEYS = {
+    "format_version", "name", "version", "kind", "config", "inputs", "outputs", "files", "opset", "parity", "baseline",
+}  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -146,6 +149,34 @@ def test_the_manifests_have_the_committed_models_keys(exported: Export) -> None:
     for name in NAMES:
         committed = json.loads((ROOT / "models" / name / "1" / "manifest.json").read_text())
         assert set(exported.manifest(name)) == set(committed)
+
+
+@pytest.mark.parametrize(
+    ("name", "layers", "count", "inputs"),
+    [
+        ("layernorm", ["layernorm"], 24, "the seeded N(0,1) parity inputs' rows"),
+        ("encoder", layer_norm_names(dataclasses.replace(SMALL, norm_first=False)), 60, None),
+        ("encoder-preln", layer_norm_names(dataclasses.replace(SMALL, norm_first=True)), 60, None),
+    ],
+)
+def test_each_layernorm_has_a_baseline_from_the_parity_inputs(
+    exported: Export, name: str, layers: list[str], count: int, inputs: str | None
+) -> None:
+    baseline = exported.manifest(name)["baseline"]
+    assert baseline["inputs"] == (inputs or "the parity inputs (parity.inputs), at unpadded positions")
+    assert list(baseline["layers"]) == layers
+    for layer in baseline["layers"].values():
+        read = Baseline.from_json(layer)
+        assert read.std.count == count  # the encoders' padded positions (3 + 7 + 16 of 3*7 + 1 + 2*32) left out
+        assert list(read.std.quantiles) == sorted(read.std.quantiles) and read.std.quantiles[0] > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_committed_models_have_a_baseline_for_each_layernorm(name: str) -> None:
+    committed = json.loads((ROOT / "models" / name / "1" / "manifest.json").read_text())
+    layers = committed.get("layer_norms", ["layernorm"])
+    assert list(committed["baseline"]["layers"]) == layers
+    assert all(Baseline.from_json(b).std.count > 0 for b in committed["baseline"]["layers"].values())
 
 
 def test_layernorm_signature_in_manifest_and_graph(exported: Export) -> None:

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import app
+from app.core.monitor import LEVELS, Baseline
 from app.core.reference import EncoderConfig, encoder, layer_norm, layer_norm_names
 from app.core.repository import Repository
 from app.export.exporter import Exported, ParityError, export_encoder, export_layernorm, main
@@ -272,3 +273,51 @@ def test_an_old_layout_is_migrated_before_the_export(tmp_path: Path, capsys: pyt
     assert capsys.readouterr().out == f"exported ln version 1 to {repo}/ln/1\n"
     assert Repository(repo).names() == ["encoder", "layernorm", "ln"]
     assert not (repo / "manifest.json").exists()
+
+
+def test_a_calibration_file_is_the_layernorms_baseline(users: Users, tmp_path: Path) -> None:
+    path, calibration = save(users.layernorm[0], tmp_path / "ln.pt"), tmp_path / "traffic.npy"
+    np.save(calibration, (3.0 * np.random.default_rng(0).standard_normal((40, *LN_SHAPE))).astype(np.float32))
+    repo = tmp_path / "models"
+    argv = ["layernorm", "--name", "ln", "--checkpoint", str(path), "--repository", str(repo)]
+    assert main([*argv, "--calibration", str(calibration)]) == 0
+    baseline = Repository(repo).manifest("ln", 1)["baseline"]
+    assert baseline["inputs"] == "--calibration traffic.npy [40, 2, 8], by row"
+    std = Baseline.from_json(baseline["layers"]["layernorm"]).std
+    assert std.count == 40 and 2.0 < std.quantiles[LEVELS.index(0.5)] < 4.0  # rows of N(0, 3^2)
+
+
+def test_a_layernorm_exported_without_calibration_has_the_scale_1_parity_baseline(users: Users) -> None:
+    baseline = users.layernorm[1].manifest["baseline"]
+    assert baseline["inputs"] == "the seeded N(0,1) parity input [5,...] at scale 1, by row"
+    std = Baseline.from_json(baseline["layers"]["layernorm"]).std
+    assert std.count == 5 and 0.5 < std.quantiles[LEVELS.index(0.5)] < 1.5
+
+
+@pytest.mark.parametrize(
+    ("kind", "shape", "expected"),
+    [
+        ("layernorm", (4, 8), "(..., 2, 8), got shape [4, 8]"),
+        ("encoder", (2, 3, 5), "(batch, seq <= 16, 32), got shape [2, 3, 5]"),
+        ("encoder", (1, 17, 32), "(batch, seq <= 16, 32), got shape [1, 17, 32]"),
+    ],
+)
+def test_a_calibration_file_of_the_wrong_shape_is_one_line_and_writes_nothing(
+    users: Users, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, shape: tuple[int, ...], expected: str
+) -> None:
+    calibration, repo = tmp_path / "c.npy", tmp_path / "models"
+    np.save(calibration, np.zeros(shape, np.float32))
+    if kind == "layernorm":
+        source = ["--checkpoint", str(save(users.layernorm[0], tmp_path / "ln.pt"))]
+    else:
+        spec = USER_ENCODERS[0]
+        source = ["--checkpoint", str(save(spec.build(), tmp_path / "e.pt")), "--num-heads", str(spec.cfg.num_heads)]
+        source += ["--max-sequence-length", "16"]
+    argv = [kind, "--name", "x", *source, "--repository", str(repo), "--calibration", str(calibration)]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert (out, err) == (
+        "",
+        f"normserve export: error: --calibration {calibration}: expected a float array {expected}\n",
+    )
+    assert not (repo / "x").exists()
