@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import numpy as np
 import pytest
 import yaml
 
-from benchmarks.servers import HOST, free_port, server_process
+from benchmarks.servers import HOST, Server, free_port, server_process
 from tests.live_server import ROOT, cli_server, server_env
 from tests.polling import wait_until
 from tests.server.prometheus import Samples, parse
@@ -88,6 +89,20 @@ def scrape_config(target: str, data: Path) -> Path:
     return path
 
 
+@contextmanager
+def prometheus(config: Path, data: Path) -> Iterator[Server]:
+    """Debian's prometheus on a free port with the config, its TSDB and log in data."""
+    port = free_port()
+    command = [
+        str(shutil.which("prometheus")),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={data / 'data'}",
+        f"--web.listen-address={HOST}:{port}",
+    ]
+    with server_process(command, port=port, ready="/-/ready", env={}, output=data / "prometheus.log") as prom:
+        yield prom
+
+
 def _send_traffic(base: str, part: slice) -> int:
     """The part of each kind's requests (range(n)[part]); how many it sent."""
     sent = 0
@@ -123,14 +138,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         config = scrape_config(f"{HOST}:{replica.port}", tmp)
         check = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
-        port = free_port()
-        command = [
-            str(shutil.which("prometheus")),
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address={HOST}:{port}",
-        ]
-        with server_process(command, port=port, ready="/-/ready", env={}, output=tmp / "prometheus.log") as prom:
+        with prometheus(config, tmp) as prom:
             warm_runs = _before_traffic(prom.base)
             total = f'sum(normserve_http_requests_total{{job="normserve", route!~"{OPERATIONS}|unmatched"}})'
             sent = 0
@@ -408,14 +416,7 @@ def drift_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DriftStack
         config = yaml.safe_load(config_path.read_text())
         config["rule_files"] = [str(drift_rules(tmp))]
         config_path.write_text(yaml.safe_dump(config))
-        port = free_port()
-        command = [
-            str(shutil.which("prometheus")),
-            f"--config.file={config_path}",
-            f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address={HOST}:{port}",
-        ]
-        with server_process(command, port=port, ready="/-/ready", env={}, output=tmp / "prometheus.log") as prom:
+        with prometheus(config_path, tmp) as prom:
             wait_until(lambda: by(prom.base, 'normserve_ready{job="normserve"}') == {(): 1.0}, "Prometheus sees it")
             yield DriftStack(replica.base, prom.base)
 
@@ -439,7 +440,6 @@ def _alerts(api: str, state: str) -> list[dict[str, str]]:
     return [s["metric"] for s in query(api, f'ALERTS{{alertname="LayerNormDrift", alertstate="{state}"}}')]
 
 
-@pytest.mark.slow
 def test_layernorm_drift_is_stable_in_distribution_and_fires_on_x10_inputs(drift_stack: DriftStack) -> None:
     api = drift_stack.api
     _send(drift_stack.base, 1.0, 4, seed=100)  # 2048 tokens in every layer's window
@@ -465,7 +465,6 @@ def test_layernorm_drift_is_stable_in_distribution_and_fires_on_x10_inputs(drift
     assert [(a["model"], a["version"], a["layer"]) for a in fired] == [("encoder", "1", "layers.0.norm1")]
 
 
-@pytest.mark.slow
 def test_pending_requests_and_queue_time_move_under_a_burst_and_return_to_zero(drift_stack: DriftStack) -> None:
     base, api, burst = drift_stack.base, drift_stack.api, 96
     count = 'normserve_queue_seconds_count{job="normserve", model="encoder"}'
