@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.core.dataplane import EncodeOutput, NormalizeOutput
+from app.core.dataplane import NormalizeOutput
 
 Array = npt.NDArray[np.float64]
 
@@ -228,15 +228,14 @@ def sampled(fraction: float, draw: Callable[[], float] = random.random) -> bool:
     return fraction >= 1 or (fraction > 0 and draw() < fraction)
 
 
-def output_statistics(
-    result: NormalizeOutput | EncodeOutput, padding_mask: npt.NDArray[np.bool_] | None = None
-) -> list[tuple[str, Array, Array]]:
+def output_statistics(result: Any, padding_mask: npt.NDArray[np.bool_] | None = None) -> list[tuple[str, Array, Array]]:
     """Each LayerNorm's per-position input (mean, std) in an answer: a layernorm model's rows (its one LayerNorm),
-    an encoder's unpadded tokens. The answer already holds them: nothing is computed again."""
+    an encoder's or a text encoder's (`layer_norms`, mean and std B,T) unpadded tokens. The answer already holds
+    them: nothing is computed again."""
     if isinstance(result, NormalizeOutput):
         return [(LAYERNORM_LAYER, result.mean.ravel(), np.sqrt(result.var.ravel()))]
-    keep = None if padding_mask is None else ~np.asarray(padding_mask, dtype=bool).reshape(result.output.shape[:2])
-    return [(name, mean if keep is None else mean[keep], std if keep is None else std[keep])
+    pad = None if padding_mask is None else np.asarray(padding_mask, dtype=bool)
+    return [(name, mean, std) if pad is None else (name, mean[~pad.reshape(mean.shape)], std[~pad.reshape(mean.shape)])
             for name, mean, std in result.layer_norms]  # fmt: skip
 
 

@@ -113,10 +113,18 @@ class Job(Generic[W, P]):
         request, wire = self._decoded
         self._decoded = None
         result = self.model.infer(request)
-        if sampled(self.model.monitor_sample):  # in the request's thread, from statistics the answer holds already
-            self.model.monitor.observe(output_statistics(result, getattr(request, "padding_mask", None)))
+        if self.model.monitor.layers and sampled(self.model.monitor_sample):  # in the request's thread
+            self.model.monitor.observe(output_statistics(result, _padding(request)))
         del request
         self.timer.mark("compute_infer")
         payload = self.codec.encode(self.model, wire, result)
         self.timer.mark("compute_output")
         return payload
+
+
+def _padding(request: Any) -> Any:
+    """The positions that are padding: an encoder's padding_mask (true = padding), a text encoder's attention_mask
+    (0 = padding); None when every position is real."""
+    mask = getattr(request, "padding_mask", None)
+    attention = getattr(request, "attention_mask", None)
+    return mask if mask is not None or attention is None else attention == 0
