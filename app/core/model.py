@@ -22,6 +22,7 @@ import onnxruntime as ort
 
 from app.core.batching import Batcher
 from app.core.dataplane import Fields, ModelInfo
+from app.core.monitor import ModelMonitor
 from app.core.repository import WEIGHTS_FILE, Policy
 from app.errors import InvalidInput, shown
 from app.settings import Settings
@@ -209,6 +210,9 @@ class Model(ABC):
         self.warming = False  # while the runtime runs its parity warm-up: no client's runs (Triton's statistics)
         self.policy = loaded.policy  # model.json as this version was built with it: its batching is built in
         self._observe = loaded.observe
+        # The drift monitor of this version (app/core/monitor.py), built with it: "no baseline" for old exports.
+        self.monitor = ModelMonitor(self.name, self.version, entry.get("baseline"), loaded.settings.monitor_window_s)
+        self.monitor_sample = loaded.settings.monitor_sample
 
     @property
     def version_policy(self) -> dict[str, Any] | None:

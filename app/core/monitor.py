@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.core.dataplane import EncodeOutput, NormalizeOutput
+from app.core.dataplane import NormalizeOutput
 
 Array = npt.NDArray[np.float64]
 
@@ -177,6 +177,30 @@ class Window:
             return np.asarray(self._counts[self._epoch > oldest].sum(axis=0), dtype=np.int64)
 
 
+class Histogram:
+    """Cumulative counts of one statistic in Prometheus buckets (`le` edges, +Inf last) and its sum: never reset,
+    as a Prometheus histogram. observe() bins its values off the lock (O(values log edges)), adds under it."""
+
+    def __init__(self, edges: Sequence[float]) -> None:
+        self.edges = np.asarray(edges, dtype=np.float64)
+        self._lock = threading.Lock()
+        self._counts = np.zeros(self.edges.size + 1, dtype=np.int64)
+        self._sum = 0.0
+
+    def observe(self, values: npt.ArrayLike) -> None:
+        v = np.asarray(values, dtype=np.float64).ravel()
+        counts = np.bincount(np.searchsorted(self.edges, v, side="left"), minlength=self.edges.size + 1)
+        total = float(v.sum())
+        with self._lock:
+            self._counts += counts
+            self._sum += total
+
+    def snapshot(self) -> tuple[npt.NDArray[np.int64], float]:
+        """(count per bucket, not cumulative; the last is above every edge), sum."""
+        with self._lock:
+            return self._counts.copy(), self._sum
+
+
 class Drift:
     """One LayerNorm's live std distribution against its baseline, over a window."""
 
@@ -204,15 +228,14 @@ def sampled(fraction: float, draw: Callable[[], float] = random.random) -> bool:
     return fraction >= 1 or (fraction > 0 and draw() < fraction)
 
 
-def output_statistics(
-    result: NormalizeOutput | EncodeOutput, padding_mask: npt.NDArray[np.bool_] | None = None
-) -> list[tuple[str, Array, Array]]:
+def output_statistics(result: Any, padding_mask: npt.NDArray[np.bool_] | None = None) -> list[tuple[str, Array, Array]]:
     """Each LayerNorm's per-position input (mean, std) in an answer: a layernorm model's rows (its one LayerNorm),
-    an encoder's unpadded tokens. The answer already holds them: nothing is computed again."""
+    an encoder's or a text encoder's (`layer_norms`, mean and std B,T) unpadded tokens. The answer already holds
+    them: nothing is computed again."""
     if isinstance(result, NormalizeOutput):
         return [(LAYERNORM_LAYER, result.mean.ravel(), np.sqrt(result.var.ravel()))]
-    keep = None if padding_mask is None else ~np.asarray(padding_mask, dtype=bool).reshape(result.output.shape[:2])
-    return [(name, mean if keep is None else mean[keep], std if keep is None else std[keep])
+    pad = None if padding_mask is None else np.asarray(padding_mask, dtype=bool)
+    return [(name, mean, std) if pad is None else (name, mean[~pad.reshape(mean.shape)], std[~pad.reshape(mean.shape)])
             for name, mean, std in result.layer_norms]  # fmt: skip
 
 
@@ -231,13 +254,22 @@ class ModelMonitor:
         self.inputs = None if baseline_doc is None else str(baseline_doc.get("inputs", ""))
         layers = {} if baseline_doc is None else baseline_doc.get("layers", {})
         self.layers = {name: Drift(Baseline.from_json(doc), window_s, clock) for name, doc in layers.items()}
+        # The live histograms' buckets resolve the baseline: its quantiles, and a decade beyond each extreme.
+        self.histograms = {
+            name: (Histogram(bucket_edges(d.baseline.mean)), Histogram(bucket_edges(d.baseline.std)))
+            for name, d in self.layers.items()
+        }
 
     def observe(self, statistics: Sequence[tuple[str, Array, Array]]) -> None:
-        """Count one answer's per-position stds in each LayerNorm's window (layers without a baseline skipped)."""
-        for name, _mean, std in statistics:
+        """Count one answer's per-position stds in each LayerNorm's window, and both statistics in its histograms
+        (layers without a baseline skipped)."""
+        for name, mean, std in statistics:
             drift = self.layers.get(name)
             if drift is not None:
                 drift.observe(std)
+                means, stds = self.histograms[name]
+                means.observe(mean)
+                stds.observe(std)
 
     def report(self) -> dict[str, Any]:
         """GET /v2/models/{name}/monitor's answer (API.md section 13); psi is null for an empty window."""

@@ -22,7 +22,7 @@ from app.core.runtime import Runtime
 from app.errors import ModelNotFound, NotReady, Timeout
 from app.server.admission import Admission
 from app.server.pipeline import Codec, Job
-from app.server.telemetry import metrics, record
+from app.server.telemetry import metrics, monitoring, record
 from app.server.telemetry.statistics import Statistics
 from app.server.telemetry.timer import InferTimer
 from app.settings import Settings
@@ -44,6 +44,11 @@ class DataPlane:
         # Each run is told to the statistics, not to the data plane: nothing below calls back up into it. The
         # batchers stop waiting once every request in flight in this worker is in the batch.
         self.runtime = Runtime(settings, observe=statistics.observe_run, in_flight=admission.count)
+        monitoring.COLLECTOR.source = lambda: self.runtime.models  # the worker's one data plane: its monitors
+
+    def monitor(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """GET /v2/models/{name}/monitor: the drift of the serving version's LayerNorms (API.md section 13)."""
+        return self.model(name, version).monitor.report()
 
     def model(self, name: str, version: str | int | None = None) -> Model:
         """The model, 404 if unknown; 503 while models are still loading, when unknown may just mean not yet."""
@@ -108,12 +113,16 @@ class DataPlane:
         """A tiny request is decoded on the event loop, then runs there unless its model batches: a batcher
         blocks its caller while the batch gathers. Others go to the threadpool whole."""
         self._enter()
+        job.admitted()
         try:
-            inline = tiny and job.decode().batcher is None
-        except BaseException:
-            self._release()
-            raise
-        return await self._finish(job, inline, deadline_s)
+            try:
+                inline = tiny and job.decode().batcher is None
+            except BaseException:
+                self._release()
+                raise
+            return await self._finish(job, inline, deadline_s)
+        finally:
+            job.abandoned()  # a no-op once it started
 
     def _count(self, model: Model | None, timer: InferTimer, success: bool) -> None:
         if model is None:  # the request never named a model that serves

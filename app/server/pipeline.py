@@ -7,10 +7,14 @@ names the model its request asks for, turns the body into that model's input, an
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from app.core.model import Model
+from app.core.monitor import output_statistics, sampled
+from app.server.telemetry import metrics
 from app.server.telemetry.timer import InferTimer
 
 B = TypeVar("B", contravariant=True)
@@ -61,6 +65,30 @@ class Job(Generic[W, P]):
         self.model = model  # the model the request named, once known
         self._resolve = resolve  # the data plane's: finds the model a body names (codec.target)
         self._decoded: tuple[Any, W] | None = None
+        self._admitted_at: float | None = None
+        self._pending: str | None = None  # the model this request counts as pending for, while it does
+        self._queue_lock = threading.Lock()  # whoever takes it first ends the wait: the start, or a give-up
+
+    def admitted(self) -> None:
+        """Admission: the wait for computation starts. A request that names its model before its body counts as
+        pending for it now; one whose body names it is counted once the body is decoded, at its start."""
+        self._admitted_at = time.perf_counter()
+        if self.model is not None:
+            self._pending = self.model.name
+            metrics.PENDING.labels(self._pending).inc()
+
+    def started(self, model: Model) -> None:
+        """Its computation starts: no longer pending; the time since admission is its queue time."""
+        if self._admitted_at is None or not self._queue_lock.acquire(blocking=False):
+            return
+        metrics.QUEUE_SECONDS.labels(model.name).observe(time.perf_counter() - self._admitted_at)
+        if self._pending is not None:
+            metrics.PENDING.labels(self._pending).dec()
+
+    def abandoned(self) -> None:
+        """It never started (timed out in the queue, drained): no longer pending, and no queue time."""
+        if self._queue_lock.acquire(blocking=False) and self._pending is not None:
+            metrics.PENDING.labels(self._pending).dec()
 
     def decode(self) -> Model:
         """The queue and compute_input stages: the model the request names, and its input."""
@@ -69,6 +97,7 @@ class Job(Generic[W, P]):
         if self.model is None:
             self.model = self._resolve(*self.codec.target(body))
         model = self.model
+        self.started(model)
         self._decoded = self.codec.decode(body, model)
         del body
         self.timer.model = (model.name, model.version)
@@ -84,8 +113,18 @@ class Job(Generic[W, P]):
         request, wire = self._decoded
         self._decoded = None
         result = self.model.infer(request)
+        if self.model.monitor.layers and sampled(self.model.monitor_sample):  # in the request's thread
+            self.model.monitor.observe(output_statistics(result, _padding(request)))
         del request
         self.timer.mark("compute_infer")
         payload = self.codec.encode(self.model, wire, result)
         self.timer.mark("compute_output")
         return payload
+
+
+def _padding(request: Any) -> Any:
+    """The positions that are padding: an encoder's padding_mask (true = padding), a text encoder's attention_mask
+    (0 = padding); None when every position is real."""
+    mask = getattr(request, "padding_mask", None)
+    attention = getattr(request, "attention_mask", None)
+    return mask if mask is not None or attention is None else attention == 0

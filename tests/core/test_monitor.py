@@ -239,3 +239,18 @@ def test_sampling_counts_the_fraction_of_requests_asked(
 ) -> None:
     it = iter(draws)
     assert [monitor.sampled(fraction, lambda: next(it)) for _ in expected] == expected
+
+
+def test_a_text_encoders_answer_statistics_leave_the_attention_masks_padding_out() -> None:
+    from app.core.textencoder import TextInput, TextOutput
+    from app.server.pipeline import _padding
+
+    mean, std = np.arange(6.0).reshape(2, 3), np.arange(6.0).reshape(2, 3) + 10
+    request = TextInput(np.ones((2, 3), np.int64), np.array([[1, 1, 1], [1, 0, 0]], np.int64))
+    answer = TextOutput(np.zeros((2, 4), np.float32), [("embeddings.LayerNorm", mean, std)], ModelInfo("t", "1", ""))
+    ((name, means, stds),) = monitor.output_statistics(answer, _padding(request))
+    assert (name, means.tolist(), stds.tolist()) == (
+        "embeddings.LayerNorm",
+        [0.0, 1.0, 2.0, 3.0],
+        [10.0, 11.0, 12.0, 13.0],
+    )

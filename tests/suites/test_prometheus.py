@@ -11,17 +11,21 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import yaml
 
-from benchmarks.servers import HOST, free_port, server_process
+from benchmarks.servers import HOST, Server, free_port, server_process
 from tests.live_server import ROOT, cli_server, server_env
 from tests.polling import wait_until
 from tests.server.prometheus import Samples, parse
@@ -43,15 +47,8 @@ TRAFFIC = [
 OPERATIONS = "/metrics|/v2/health/.*"  # routes that the traffic does not count: scrapes, probes
 # Substitutions of Grafana's template variables in the dashboard's queries.
 TEMPLATE = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "5m", "$instance": ".*"}
-# Series the test's traffic never creates (no gRPC, no failed load): their panels may answer no data. The drift
-# monitor's and the queue's series come with the live monitor (issue 36, stage 2); their queries must still parse.
-ABSENT_HERE = (
-    "normserve_grpc_",
-    "normserve_model_load_failures_total",
-    "normserve_layernorm_",
-    "normserve_pending_requests",
-    "normserve_queue_seconds",
-)
+# Series the test's traffic never creates (no gRPC, no failed load): their panels may answer no data.
+ABSENT_HERE = ("normserve_grpc_", "normserve_model_load_failures_total")
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus package")
 
@@ -92,6 +89,20 @@ def scrape_config(target: str, data: Path) -> Path:
     return path
 
 
+@contextmanager
+def prometheus(config: Path, data: Path) -> Iterator[Server]:
+    """Debian's prometheus on a free port with the config, its TSDB and log in data."""
+    port = free_port()
+    command = [
+        str(shutil.which("prometheus")),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={data / 'data'}",
+        f"--web.listen-address={HOST}:{port}",
+    ]
+    with server_process(command, port=port, ready="/-/ready", env={}, output=data / "prometheus.log") as prom:
+        yield prom
+
+
 def _send_traffic(base: str, part: slice) -> int:
     """The part of each kind's requests (range(n)[part]); how many it sent."""
     sent = 0
@@ -127,14 +138,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         config = scrape_config(f"{HOST}:{replica.port}", tmp)
         check = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
-        port = free_port()
-        command = [
-            str(shutil.which("prometheus")),
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp / 'data'}",
-            f"--web.listen-address={HOST}:{port}",
-        ]
-        with server_process(command, port=port, ready="/-/ready", env={}, output=tmp / "prometheus.log") as prom:
+        with prometheus(config, tmp) as prom:
             warm_runs = _before_traffic(prom.base)
             total = f'sum(normserve_http_requests_total{{job="normserve", route!~"{OPERATIONS}|unmatched"}})'
             sent = 0
@@ -368,3 +372,114 @@ def test_every_dashboard_query_runs_on_the_live_prometheus(stack: Stack, title: 
     result = query(stack.api, expr)
     if not any(name in expr for name in ABSENT_HERE):
         assert result, f"{title}: no data for {expr}"
+
+
+# ---- the drift monitor and the scaling signals, end to end (issue 36) ---------------------------------------------
+
+DRIFT_WINDOW_S = 20  # NORMSERVE_MONITOR_WINDOW_S: the shifted traffic must fill it past the in-distribution one
+DRIFT_FOR = "2s"  # the test copy's `for:` of LayerNormDrift (5m and 15m in the deploy file)
+SEQUENCE = (1, 512, 128)  # the encoder's parity inputs are mostly full 512-token N(0,1) sequences: its baseline
+
+
+def drift_rules(data: Path) -> Path:
+    """deploy/prometheus/alerts.yml with LayerNormDrift's `for:` at DRIFT_FOR."""
+    rules = yaml.safe_load((DEPLOY / "alerts.yml").read_text())
+    drift = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "LayerNormDrift"]
+    assert len(drift) == 2
+    for rule in drift:
+        rule["for"] = DRIFT_FOR
+    path = data / "alerts.yml"
+    path.write_text(yaml.safe_dump(rules))
+    return path
+
+
+def encode_body(scale: float, seed: int) -> bytes:
+    x = np.random.default_rng(seed).standard_normal(SEQUENCE, dtype=np.float32) * np.float32(scale)
+    tensor = {"name": "input", "shape": list(SEQUENCE), "datatype": "FP32", "data": x.ravel().tolist()}
+    return json.dumps({"inputs": [tensor]}).encode()
+
+
+@dataclass(frozen=True)
+class DriftStack:
+    base: str
+    api: str
+
+
+@pytest.fixture(scope="module")
+def drift_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DriftStack]:
+    """One worker with a DRIFT_WINDOW_S window, scraped each second by Prometheus with the test copy of the rules."""
+    tmp = tmp_path_factory.mktemp("drift")
+    env = server_env({"NORMSERVE_MONITOR_WINDOW_S": str(DRIFT_WINDOW_S), "TMPDIR": str(tmp)})
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    with cli_server([str(Path(sys.executable).parent / "normserve"), "serve"], env) as replica:
+        config_path = scrape_config(f"{HOST}:{replica.port}", tmp)
+        config = yaml.safe_load(config_path.read_text())
+        config["rule_files"] = [str(drift_rules(tmp))]
+        config_path.write_text(yaml.safe_dump(config))
+        with prometheus(config_path, tmp) as prom:
+            wait_until(lambda: by(prom.base, 'normserve_ready{job="normserve"}') == {(): 1.0}, "Prometheus sees it")
+            yield DriftStack(replica.base, prom.base)
+
+
+def _send(base: str, scale: float, n: int, seed: int = 0) -> None:
+    with httpx.Client(base_url=base, timeout=60) as c:
+        for i in range(n):
+            r = c.post("/v2/models/encoder/infer", content=encode_body(scale, seed + i))
+            assert r.status_code == 200, r.text
+
+
+def _drift(api: str) -> dict[str, tuple[float, float]]:
+    """(PSI, samples) per layer of the encoder, as Prometheus has them."""
+    labels = '{job="normserve", model="encoder", version="1"}'
+    psi = by(api, f"normserve_layernorm_drift{labels}", "layer")
+    samples = by(api, f"normserve_layernorm_drift_samples{labels}", "layer")
+    return {layer: (psi[(layer,)], samples[(layer,)]) for (layer,) in samples}
+
+
+def _alerts(api: str, state: str) -> list[dict[str, str]]:
+    return [s["metric"] for s in query(api, f'ALERTS{{alertname="LayerNormDrift", alertstate="{state}"}}')]
+
+
+def test_layernorm_drift_is_stable_in_distribution_and_fires_on_x10_inputs(drift_stack: DriftStack) -> None:
+    api = drift_stack.api
+    _send(drift_stack.base, 1.0, 4, seed=100)  # 2048 tokens in every layer's window
+    wait_until(lambda: all(s >= 2048 for _, s in _drift(api).values()), "Prometheus scrapes the window", timeout=20)
+    stable = _drift(api)
+    print(f"in-distribution PSI per layer: { {k: round(v[0], 4) for k, v in stable.items()} }")
+    assert len(stable) == 4 and all(psi < 0.1 for psi, _ in stable.values()), stable
+    time.sleep(3)  # past the test rules' `for:`: a drift that had crossed a threshold would be firing by now
+    assert _alerts(api, "pending") == [] and _alerts(api, "firing") == []
+
+    # x10 inputs: only the first LayerNorm of a post-LN encoder sees the scale (it normalizes it away for the rest).
+    deadline = time.monotonic() + DRIFT_WINDOW_S
+    fired: list[dict[str, str]] = []
+    seed = 200
+    while not fired and time.monotonic() < deadline:
+        _send(drift_stack.base, 10.0, 2, seed=seed)
+        seed += 2
+        time.sleep(1)
+        fired = [a for a in _alerts(api, "firing") if a["severity"] == "critical"]
+    shifted = _drift(api)
+    print(f"x10 PSI per layer: { {k: round(v[0], 4) for k, v in shifted.items()} }")
+    assert shifted["layers.0.norm1"][0] > 0.25, shifted
+    assert [(a["model"], a["version"], a["layer"]) for a in fired] == [("encoder", "1", "layers.0.norm1")]
+
+
+def test_pending_requests_and_queue_time_move_under_a_burst_and_return_to_zero(drift_stack: DriftStack) -> None:
+    base, api, burst = drift_stack.base, drift_stack.api, 96
+    count = 'normserve_queue_seconds_count{job="normserve", model="encoder"}'
+    before = by(api, count).get((), 0.0)
+    body = encode_body(1.0, 7)
+    peak = 0.0
+    with httpx.Client(base_url=base, timeout=60) as c, ThreadPoolExecutor(burst) as pool:
+        futures = [pool.submit(c.post, "/v2/models/encoder/infer", content=body) for _ in range(burst)]
+        while not all(f.done() for f in futures):  # every request ends within the client's timeout
+            samples = parse(c.get("/metrics").text)
+            peak = max(peak, samples.get(("normserve_pending_requests", (("model", "encoder"),)), 0.0))
+        assert [f.result().status_code for f in futures] == [200] * burst
+    print(f"peak pending requests under a burst of {burst}: {peak}")
+    assert peak > 0
+    wait_until(lambda: by(api, count).get((), 0.0) - before == burst, "Prometheus scrapes the queue times")
+    wait_until(lambda: by(api, 'normserve_pending_requests{job="normserve", model="encoder"}') == {(): 0.0}, "idle")
+    slow = 'normserve_queue_seconds_bucket{job="normserve", model="encoder", le="0.0005"}'
+    assert by(api, count)[()] - before > 0 and by(api, slow).get((), 0.0) < by(api, count)[()]

@@ -28,6 +28,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from app.server import group
+from app.server.telemetry import monitoring
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -61,6 +62,21 @@ IN_FLIGHT_LIMIT = Gauge(
     "normserve_inference_requests_in_flight_limit",
     "NORMSERVE_MAX_IN_FLIGHT: inferences admitted at once before a 503, summed like the in-flight gauge.",
     multiprocess_mode="livesum",
+)
+# The scaling signals (docs/operations.md "Scaling"): requests admitted whose computation has not started, and how
+# long they waited. Per model; a request whose body names its model (REST /normalize, /encode) is known to be its
+# only once decoded, which is when its computation starts: it counts in the queue time, not in the pending gauge.
+PENDING = Gauge(
+    "normserve_pending_requests",
+    "Inference requests admitted whose computation has not started, per model (summed over live workers).",
+    ["model"],
+    multiprocess_mode="livesum",
+)
+QUEUE_SECONDS = Histogram(
+    "normserve_queue_seconds",
+    "Time from a request's admission to the start of its computation (decode), per model.",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
 )
 READY = Gauge(
     "normserve_ready",
@@ -222,13 +238,17 @@ def multiprocess_dir_for(workers: int) -> Iterator[Path | None]:
 
 
 def render() -> bytes:
-    """The Prometheus text format of this worker, or of every worker in multiprocess mode."""
+    """The Prometheus text format of this worker, or of every worker in multiprocess mode (the drift monitor's
+    series are this worker's: app/server/telemetry/monitoring.py)."""
     if multiprocess_dir() is None:
         return generate_latest(REGISTRY)
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    registry.register(monitoring.COLLECTOR)
     return generate_latest(registry)
 
+
+REGISTRY.register(monitoring.COLLECTOR)
 
 _LIVE_FILE = re.compile(r"gauge_live\w+_(\d+)\.db")
 

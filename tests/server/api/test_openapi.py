@@ -34,6 +34,8 @@ STATUSES = {
     "POST /v2/models/{name}/versions/{version}/infer": INFER,
     "GET /v2/models/{name}/stats": MODEL,
     "GET /v2/models/{name}/versions/{version}/stats": MODEL,
+    "GET /v2/models/{name}/monitor": MODEL,
+    "GET /v2/models/{name}/versions/{version}/monitor": MODEL,
     "GET /v2/models/{name}/config": MODEL,
     "GET /v2/models/{name}/versions/{version}/config": MODEL,
     "POST /v2/repository/index": [200, 400, 401, 403],

@@ -70,6 +70,15 @@ V2_READY: dict[str, Any] = {"responses": {**ok("the model is ready", "v2_readine
 V2_STATS: dict[str, Any] = {
     "responses": {**ok("Triton's statistics of the model", "v2_statistics"), **errors(400, 404, 503, v2=True)}
 }
+V2_MONITOR: dict[str, Any] = {
+    "responses": {
+        200: {
+            "description": "The LayerNorm drift monitor (psi, samples, baseline, live bins per LayerNorm)",
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        },
+        **errors(400, 404, 503, v2=True),
+    }
+}
 _OBJECT = {"content": {"application/json": {"schema": {"type": "object"}}}}
 V2_CONFIG: dict[str, Any] = {
     "responses": {200: {"description": "Triton's model configuration", **_OBJECT}, **errors(400, 404, 503, v2=True)}

@@ -97,6 +97,17 @@ async def model_version_stats(name: str, version: str, plane: DataPlane) -> Resp
     return json_response(plane.statistics(name, version))
 
 
+@router.get("/v2/models/{name}/monitor", **openapi.V2_MONITOR)
+async def model_monitor(name: str, plane: DataPlane) -> Response:
+    """The LayerNorm drift of the serving version: per LayerNorm its PSI, window samples, baseline, live bins."""
+    return json_response(plane.monitor(name))
+
+
+@router.get("/v2/models/{name}/versions/{version}/monitor", **openapi.V2_MONITOR)
+async def model_version_monitor(name: str, version: str, plane: DataPlane) -> Response:
+    return json_response(plane.monitor(name, version))
+
+
 # Triton's shared-memory routes (status, register and unregister, of one region or all): 400 naming the extension.
 @router.api_route("/v2/systemsharedmemory/{path:path}", methods=["GET", "POST"], include_in_schema=False)
 async def system_shared_memory(path: str) -> Response:
