@@ -87,6 +87,15 @@ class Settings(BaseSettings):
     batch_max_size: int = Field(8, ge=1, description="Dynamic batching: most requests merged into one run (1 = off).")
     batch_delay_us: int = Field(2000, ge=0, description="Dynamic batching: how long a batch waits to fill.")
     batch_max_seq_len: int = Field(64, ge=1, description="Dynamic batching: longer sequences are never merged.")
+    # OpenAI's own limit on inputs is 2048 per request; the tokens bound what one request may cost a worker.
+    max_request_tokens: int = Field(
+        300_000, ge=1, description="Text encoders: most tokens (special ones included) of one request's texts."
+    )
+    # 8192 padded tokens: all-MiniLM-L6-v2's attention for 32 texts of 256 tokens is 12 x 32 x 256 x 256 x 4 bytes,
+    # 100 MB, so 8 such requests at once stay inside a 1 GiB worker (app/core/textbatching.py).
+    text_batch_tokens: int = Field(
+        8192, ge=1, description="Text encoders: texts run in groups of similar length of at most this many tokens."
+    )
     log_level: Annotated[Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(_lower)] = Field(
         "info", description="Log level: debug, info, warning, error, critical."
     )
