@@ -1,20 +1,32 @@
-"""Running a text encoder's texts in groups of similar length under a token budget.
+"""Running a text encoder's texts, of one request or of concurrent ones, in groups of similar length under a budget.
 
 A padded batch costs every text the longest text's length: one 256-token text among 255 short ones pads all of
 them to 256, and attention's memory grows with batch x heads x seq x seq (256 texts of 256 tokens on
 all-MiniLM-L6-v2: 12 x 256 x 256 x 4 bytes per text, 805 MB in one run). So texts are sorted by length and cut into
 groups whose padded size (texts x longest) stays within NORMSERVE_TEXT_BATCH_TOKENS, each padded only to its own
 longest text. A text's answer does not depend on its group: attention is within a text, padding is masked.
+
+Concurrent requests pool their texts as app/core/batching.py's Batcher pools encoder rows: the callers block, one
+thread per model version gathers what is queued until NORMSERVE_BATCH_DELAY_US has passed or every request in
+flight is in, groups the texts of all of them, and hands each caller its own rows; a request alone in the worker
+runs in its own thread without the hand-off, and a failed pooled run is retried per request, so that only its own
+error reaches a caller. The thread ends once idle, so a retired version leaves none behind.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from app.core.textencoder import TextEncoderModel, TextInput
+
+Stats = list[tuple[str, np.ndarray, np.ndarray]]  # (LayerNorm, mean, std) over one text's own tokens
+IDLE_S = 1.0  # a batching thread with nothing queued this long ends (the next request starts another)
 
 
 def length_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
@@ -30,14 +42,18 @@ def length_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return groups
 
 
-def subset(request: TextInput, rows: list[int]) -> TextInput:
-    """These rows of a right-padded batch, padded only to their own longest."""
-    index = np.asarray(rows)
-    width = int(request.attention_mask[index].sum(axis=1).max())
-    types = None if request.token_type_ids is None else request.token_type_ids[index, :width]
-    return TextInput(
-        request.input_ids[index, :width], request.attention_mask[index, :width], types, request.hidden_states
-    )
+def stack(rows: Sequence[tuple[TextInput, int]], pad_id: int, hidden_states: bool = False) -> TextInput:
+    """Rows of right-padded batches (each a batch and a row index) as one batch padded to their own longest."""
+    lengths = [int(req.attention_mask[i].sum()) for req, i in rows]
+    width = max(lengths)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    types = None if rows[0][0].token_type_ids is None else np.zeros((len(rows), width), dtype=np.int64)
+    for j, ((req, i), n) in enumerate(zip(rows, lengths, strict=True)):
+        ids[j, :n], mask[j, :n] = req.input_ids[i, :n], req.attention_mask[i, :n]
+        if types is not None and req.token_type_ids is not None:
+            types[j, :n] = req.token_type_ids[i, :n]
+    return TextInput(ids, mask, types, hidden_states)
 
 
 @dataclass(frozen=True)
@@ -47,29 +63,120 @@ class TextResult:
 
     embeddings: np.ndarray  # B,C float32
     tokens: list[int]
-    layer_norms: list[list[tuple[str, np.ndarray, np.ndarray]]] | None
+    layer_norms: list[Stats] | None
+
+
+@dataclass(eq=False)
+class _Pending:
+    request: TextInput
+    embeddings: np.ndarray  # B,C, filled group by group
+    stats: list[Stats]
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+def _run_groups(model: TextEncoderModel, pending: Sequence[_Pending], budget: int) -> None:
+    """The texts of these requests, pooled, run by length groups; each request's rows written into it."""
+    rows = [(p, i) for p in pending for i in range(len(p.request.input_ids))]
+    lengths = [p.request.tokens[i] for p, i in rows]
+    for group in length_groups(lengths, budget):
+        members = [rows[k] for k in group]
+        out = model.infer(stack([(p.request, i) for p, i in members], model.config.pad_token_id))
+        for j, (p, i) in enumerate(members):
+            p.embeddings[i] = out.sentence_embedding[j]
+            n = p.request.tokens[i]
+            p.stats[i] = [(name, mean[j, :n], std[j, :n]) for name, mean, std in out.layer_norms]
+
+
+class TextBatcher:
+    """Pools the texts of concurrent requests to one text encoder version (see the module's docstring)."""
+
+    def __init__(self, model: TextEncoderModel, budget: int, delay_us: int, in_flight: Callable[[], int]) -> None:
+        self._model = weakref.ref(model)  # the registry below holds batchers by model: no cycle keeps it alive
+        self.budget = budget
+        self.delay_s = delay_us / 1e6
+        self._in_flight = in_flight
+        self._queue: list[_Pending] = []
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def run(self, request: TextInput) -> tuple[np.ndarray, list[Stats]]:
+        """The embeddings (B,C) and each text's LayerNorm statistics, blocking until its groups have run."""
+        model = self._model()
+        assert model is not None  # the caller holds it
+        item = _Pending(request, np.empty((len(request.tokens), model.config.hidden_size), np.float32), [])
+        item.stats = [[] for _ in request.tokens]
+        if self._in_flight() <= 1:  # alone in the worker: nothing to pool with, so no hand-off
+            _run_groups(model, [item], self.budget)
+            return item.embeddings, item.stats
+        with self._cond:
+            self._queue.append(item)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=f"text-batcher-{model.name}", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        item.done.wait()
+        if item.error is not None:
+            raise item.error
+        return item.embeddings, item.stats
+
+    def _loop(self) -> None:
+        while batch := self._gather():
+            model = self._model()
+            try:
+                if model is None:
+                    raise RuntimeError("the model version was unloaded")
+                self._execute(model, batch)
+            finally:
+                for item in batch:
+                    item.done.set()
+
+    def _gather(self) -> list[_Pending]:
+        """Every queued request, and those arriving until the delay ends or every one in flight is in; [] (and
+        the thread gone) after IDLE_S with nothing queued."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: bool(self._queue), IDLE_S):
+                self._thread = None
+                return []
+            deadline = time.monotonic() + self.delay_s
+            while len(self._queue) < self._in_flight() and (remaining := deadline - time.monotonic()) > 0:
+                self._cond.wait(remaining)
+            batch, self._queue = self._queue, []
+            return batch
+
+    def _execute(self, model: TextEncoderModel, batch: list[_Pending]) -> None:
+        try:
+            _run_groups(model, batch, self.budget)
+        except Exception:
+            for item in batch:  # a failed pooled run must not fail the others: each alone, with its own error
+                try:
+                    _run_groups(model, [item], self.budget)
+                except BaseException as e:  # handed to the caller's thread, which raises it
+                    item.error = e
+
+
+_BATCHERS: weakref.WeakKeyDictionary[TextEncoderModel, TextBatcher] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def batcher_of(model: TextEncoderModel, budget: int, delay_us: int, in_flight: Callable[[], int]) -> TextBatcher:
+    """The version's one batcher, made on its first request."""
+    with _LOCK:
+        if model not in _BATCHERS:
+            _BATCHERS[model] = TextBatcher(model, budget, delay_us, in_flight)
+        return _BATCHERS[model]
 
 
 class GroupedRun:
-    """A text encoder run by length groups: what Worker.serve's Job calls (name, version, batcher, infer)."""
+    """One request's texts through its version's TextBatcher: what Worker.serve's Job calls (name, version,
+    batcher, infer). `batcher` is set, so the Worker runs it in the threadpool, never on the event loop."""
 
-    batcher = None  # the groups are made here; the encoders' batcher merges float tensors of one length
-
-    def __init__(self, model: TextEncoderModel, budget: int, layer_norms: bool = False) -> None:
+    def __init__(self, model: TextEncoderModel, batcher: TextBatcher, layer_norms: bool = False) -> None:
         self.model = model
         self.name, self.version, self.kind = model.name, model.version, model.kind
-        self.budget = budget
+        self.batcher = batcher
         self.layer_norms = layer_norms
 
     def infer(self, request: TextInput) -> TextResult:
-        tokens = request.tokens
-        width = self.model.config.hidden_size
-        embeddings = np.empty((len(tokens), width), dtype=np.float32)
-        stats: list[list[tuple[str, np.ndarray, np.ndarray]]] = [[] for _ in tokens]
-        for rows in length_groups(tokens, self.budget):
-            out = self.model.infer(subset(request, rows))
-            embeddings[rows] = out.sentence_embedding
-            if self.layer_norms:
-                for j, i in enumerate(rows):
-                    stats[i] = [(n, m[j, : tokens[i]], s[j, : tokens[i]]) for n, m, s in out.layer_norms]
-        return TextResult(embeddings, tokens, stats if self.layer_norms else None)
+        embeddings, stats = self.batcher.run(request)
+        return TextResult(embeddings, request.tokens, stats if self.layer_norms else None)

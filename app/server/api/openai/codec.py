@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.core.model import Model
 from app.core.tensors import dumps, loads
-from app.core.textbatching import GroupedRun, TextResult
+from app.core.textbatching import GroupedRun, TextResult, batcher_of
 from app.core.textencoder import TextEncoderModel, TextInput
 from app.errors import InvalidInput, PayloadTooLarge, shown
 from app.settings import Settings
@@ -141,14 +141,15 @@ def dimensions_of(model: TextEncoderModel, dimensions: int | None) -> int:
 
 
 def decode_embeddings(
-    body: bytes | bytearray, settings: Settings, resolve: Resolve
+    body: bytes | bytearray, settings: Settings, resolve: Resolve, in_flight: Callable[[], int]
 ) -> tuple[GroupedRun, TextInput, Wire]:
     params: EmbeddingsParams = parse(EmbeddingsParams, body)
     model = text_encoder(resolve, params.model)
     dimensions = dimensions_of(model, params.dimensions)
     request = tokens_of(model, params.input, params.truncate)
     check_total(request, settings)
-    run = GroupedRun(model, settings.text_batch_tokens, params.return_layer_norms)
+    batcher = batcher_of(model, settings.text_batch_tokens, settings.batch_delay_us, in_flight)
+    run = GroupedRun(model, batcher, params.return_layer_norms)
     return run, request, Wire(params.model, params.encoding_format, dimensions)
 
 
@@ -199,9 +200,10 @@ def error_body(message: str, field: str | None, status: int) -> dict[str, Any]:
 class EmbeddingsCodec:
     """A /v1/embeddings request for Worker.serve (app/server/pipeline.py's Codec)."""
 
-    def __init__(self, lookup: Resolve, settings: Settings) -> None:
+    def __init__(self, lookup: Resolve, settings: Settings, in_flight: Callable[[], int]) -> None:
         self.lookup = lookup
         self.settings = settings
+        self.in_flight = in_flight  # the worker's requests in flight: the batcher pools until all are in
         self.model: Model | None = None
 
     def size(self, body: bytes | bytearray) -> int:
@@ -212,7 +214,7 @@ class EmbeddingsCodec:
         return self.model
 
     def decode(self, body: bytes | bytearray) -> tuple[Model, TextInput, Wire]:
-        run, request, wire = decode_embeddings(body, self.settings, self.resolve)
+        run, request, wire = decode_embeddings(body, self.settings, self.resolve, self.in_flight)
         return cast(Model, run), request, wire  # Job needs of it only name, version, batcher and infer
 
     def encode(self, wire: Wire, result: TextResult) -> bytes:

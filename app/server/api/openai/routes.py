@@ -23,7 +23,8 @@ async def embeddings(request: Request, worker: Worker) -> Response:
     """OpenAI's embeddings of texts or token ids, by a text encoder of the repository."""
     require_json(request)
     payload = await worker.serve(
-        codec.EmbeddingsCodec(worker.model, worker.settings), read_body(request, worker.settings)
+        codec.EmbeddingsCodec(worker.model, worker.settings, worker.admission.count),
+        read_body(request, worker.settings),
     )
     return Response(payload, media_type="application/json")
 
