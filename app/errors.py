@@ -17,7 +17,7 @@
     ├── NotReady                         models not verified, or draining   503 + Retry-After
     └── Timeout (TimeoutError)           past request_timeout_s             504
 
-The one table mapping them to HTTP statuses is `status_for` below; app/server/api/errors.py uses it,
+The one table mapping them to HTTP statuses is `status_for` below; app/server/http/errors.py uses it,
 and app/server/api/v2/grpc/calls.py maps those statuses on to gRPC status codes.
 """
 
@@ -125,6 +125,7 @@ _STATUS: dict[type[NormserveError], tuple[int, int]] = {
 }
 
 RETRY_AFTER_S = 1
+MESSAGE_LIMIT = 1000  # characters of an error message; longer ones (a huge field name echoed) are cut
 
 # Plain repr recurses once per level: a JSON array nested 1,000 deep (orjson parses up to 1,024) went past
 # Python's recursion limit inside an error message, a 500; and it copies a 64 MiB value whole before the
@@ -138,6 +139,14 @@ _SHOWN.maxstring = _SHOWN.maxother = _SHOWN.maxlong = 120
 def shown(value: object) -> str:
     """A client's value quoted in an error message: its repr, bounded in depth and length."""
     return _SHOWN.repr(value)
+
+
+def printable(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    """Messages echo client text (field names, values): escape what is not printable, and bound the length."""
+    if not message.isprintable():
+        # Control, bidi and zero-width characters could disguise the message in a terminal or a log viewer.
+        message = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in message)
+    return message if len(message) <= limit else message[: limit - 1] + "…"
 
 
 def status_for(exc: NormserveError, v2: bool) -> int:

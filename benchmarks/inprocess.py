@@ -22,7 +22,8 @@ from app.core.encoder import EncoderModel
 from app.core.model import Model
 from app.core.runtime import Runtime
 from app.core.tensors import dumps, encode_json_tensor
-from app.server.api.rest.codec import decode_normalize
+from app.server.api.rest.codec import NORMALIZE_TENSORS, NormalizeParams, decode_normalize
+from app.server.api.rest.fields import read
 from app.server.api.v2.http import codec as v2_codec
 from app.settings import Settings
 
@@ -201,7 +202,7 @@ def _codec_cases(
     header, blob = binary_request(x)
     return {
         "ours, JSON (orjson into NumPy)": (
-            lambda: decode_normalize(body, settings, lambda _name, _version: model),
+            lambda: decode_normalize(read(body, NormalizeParams, NORMALIZE_TENSORS), model, settings),
             lambda: dumps({"output": encode_json_tensor(x)}),
         ),
         "ours, V2 binary": (

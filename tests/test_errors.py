@@ -1,10 +1,12 @@
-"""app/errors.py: every domain error's HTTP status for both protocols, and the message that names its field."""
+"""app/errors.py: every domain error's HTTP status for both protocols, the message that names its field, and the
+message made printable and bounded for a client."""
 
 from __future__ import annotations
 
 import pytest
 
 from app.errors import (
+    MESSAGE_LIMIT,
     BodyTimeout,
     ExtensionNotSupported,
     InvalidInput,
@@ -17,6 +19,7 @@ from app.errors import (
     PayloadTooLarge,
     Timeout,
     UnsupportedMediaType,
+    printable,
     shown,
     status_for,
 )
@@ -109,3 +112,33 @@ def _nested(depth: int) -> object:
 )
 def test_shown_quotes_a_client_value_bounded_in_depth_and_length(value: object, text: str) -> None:
     assert shown(value) == text
+
+
+@pytest.mark.parametrize(
+    ("message", "shown"),
+    [
+        ("eps: expected a finite number > 0, got -1.0", "eps: expected a finite number > 0, got -1.0"),
+        ("caf\u00e9 \u00fc \u4e2d", "caf\u00e9 \u00fc \u4e2d"),  # printable beyond ASCII stays as it is
+        ("\u202edata: unknown field", "\\u202edata: unknown field"),  # bidi override
+        ("zero\u200bwidth", "zero\\u200bwidth"),
+        ("line\nbreak\ttab\r", "line\\nbreak\\ttab\\r"),
+        ("nul\x00 and bell\x07", "nul\\x00 and bell\\x07"),
+    ],
+    ids=["plain", "non-ascii", "bidi", "zero-width", "whitespace", "control"],
+)
+def test_printable_escapes_what_could_disguise_a_message(message: str, shown: str) -> None:
+    assert printable(message) == shown
+
+
+@pytest.mark.parametrize(
+    ("message", "limit", "shown"),
+    [
+        ("k" * MESSAGE_LIMIT, MESSAGE_LIMIT, "k" * MESSAGE_LIMIT),
+        ("k" * 10_000, MESSAGE_LIMIT, "k" * (MESSAGE_LIMIT - 1) + "\u2026"),
+        ("abcdef", 4, "abc\u2026"),
+        ("\u202e" * 10, 20, "\\u202e" * 3 + "\\\u2026"),  # bounded after escaping, even mid-escape
+    ],
+    ids=["at-the-limit", "over-the-limit", "own-limit", "escaped-then-cut"],
+)
+def test_printable_bounds_the_length(message: str, limit: int, shown: str) -> None:
+    assert printable(message, limit) == shown and len(shown) <= limit

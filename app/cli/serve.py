@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import os
 import socket
 import sys
@@ -112,6 +113,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     os.environ["NORMSERVE_GRPC_PORT"] = str(args.grpc_port)
     import uvicorn
 
+    from app.server.http import heads
     from app.server.telemetry import logs, metrics
 
     with metrics.multiprocess_dir_for(args.workers):  # before the workers start: they read it as they import
@@ -124,6 +126,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             log_config=logs.uvicorn_log_config(settings.log_level),
             access_log=False,  # normserve.access logs each request (JSON, with its id, route and model)
             loop="uvloop",
-            http="httptools",
+            http=heads.PROTOCOL,  # httptools, guarded: head deadline and size, connection limit
+            # The drain then bounds it by what is left of the drain timeout (app/server/drain.py).
+            timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),  # uvicorn takes whole seconds
         )
     return 0

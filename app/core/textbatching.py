@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.core.textencoder import TextEncoderModel, TextInput
+from app.core.model import Loaded
+from app.core.textencoder import TextEncoderModel, TextInput, TextOutput
 
 Stats = list[tuple[str, np.ndarray, np.ndarray]]  # (LayerNorm, mean, std) over one text's own tokens
 IDLE_S = 1.0  # a batching thread with nothing queued this long ends (the next request starts another)
@@ -56,16 +57,6 @@ def stack(rows: Sequence[tuple[TextInput, int]], pad_id: int, hidden_states: boo
     return TextInput(ids, mask, types, hidden_states)
 
 
-@dataclass(frozen=True)
-class TextResult:
-    """Per text, in the request's order: its embedding, its token count, and each LayerNorm's (name, mean, std)
-    over its own tokens when asked."""
-
-    embeddings: np.ndarray  # B,C float32
-    tokens: list[int]
-    layer_norms: list[Stats] | None
-
-
 @dataclass(eq=False)
 class _Pending:
     request: TextInput
@@ -92,7 +83,7 @@ class TextBatcher:
     """Pools the texts of concurrent requests to one text encoder version (see the module's docstring)."""
 
     def __init__(self, model: TextEncoderModel, budget: int, delay_us: int, in_flight: Callable[[], int]) -> None:
-        self._model = weakref.ref(model)  # the registry below holds batchers by model: no cycle keeps it alive
+        self._model = weakref.ref(model)  # the model holds its batcher: no cycle keeps a retired version alive
         self.budget = budget
         self.delay_s = delay_us / 1e6
         self._in_flight = in_flight
@@ -155,28 +146,30 @@ class TextBatcher:
                     item.error = e
 
 
-_BATCHERS: weakref.WeakKeyDictionary[TextEncoderModel, TextBatcher] = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
+@dataclass(frozen=True)
+class Pooled(TextInput):
+    """A request's texts to be pooled with concurrent requests' (the routes' requests; V2's run as sent)."""
 
 
-def batcher_of(model: TextEncoderModel, budget: int, delay_us: int, in_flight: Callable[[], int]) -> TextBatcher:
-    """The version's one batcher, made on its first request."""
-    with _LOCK:
-        if model not in _BATCHERS:
-            _BATCHERS[model] = TextBatcher(model, budget, delay_us, in_flight)
-        return _BATCHERS[model]
+class PooledTextEncoder(TextEncoderModel):
+    """The text-encoder kind as served: a Pooled request runs through the version's TextBatcher, and answers
+    exactly as one run of it padded to its longest text would (its LayerNorm statistics 0 at padding)."""
 
+    def __init__(self, loaded: Loaded) -> None:
+        super().__init__(loaded)
+        s = loaded.settings
+        self.pool = TextBatcher(self, s.text_batch_tokens, s.batch_delay_us, loaded.in_flight or (lambda: 1))
 
-class GroupedRun:
-    """One request's texts through its version's TextBatcher: what Worker.serve's Job calls (name, version,
-    batcher, infer). `batcher` is set, so the Worker runs it in the threadpool, never on the event loop."""
-
-    def __init__(self, model: TextEncoderModel, batcher: TextBatcher, layer_norms: bool = False) -> None:
-        self.model = model
-        self.name, self.version, self.kind = model.name, model.version, model.kind
-        self.batcher = batcher
-        self.layer_norms = layer_norms
-
-    def infer(self, request: TextInput) -> TextResult:
-        embeddings, stats = self.batcher.run(request)
-        return TextResult(embeddings, request.tokens, stats if self.layer_norms else None)
+    def infer(self, request: TextInput) -> TextOutput:
+        if not isinstance(request, Pooled):
+            return super().infer(request)
+        embeddings, stats = self.pool.run(request)
+        shape = request.input_ids.shape
+        layer_norms = []
+        for k, name in enumerate(self.layer_norms):
+            mean, std = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+            for i, text in enumerate(stats):
+                n = len(text[k][1])
+                mean[i, :n], std[i, :n] = text[k][1], text[k][2]
+            layer_norms.append((name, mean, std))
+        return TextOutput(embeddings, layer_norms, self.info, request.tokens)

@@ -1,13 +1,27 @@
-"""Admission control: readiness, draining, and a bounded number of inferences in flight."""
+"""Admission control: readiness, draining, a bounded number of inferences in flight, and connections per worker."""
 
 from __future__ import annotations
 
+import resource
 import threading
 
 import anyio
 
 from app.errors import NotReady, Overloaded
 from app.server.telemetry import metrics
+from app.settings import Settings
+
+FD_RESERVE = 64  # descriptors never given to HTTP connections: model files, logs, the listening sockets
+
+
+def connection_limit(settings: Settings) -> int:
+    """NORMSERVE_MAX_CONNECTIONS, within half of the descriptors left after FD_RESERVE (RLIMIT_NOFILE).
+
+    HTTP's guard (app/server/http/heads.py) and the gRPC server both hold their connections to it."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return settings.max_connections
+    return max(1, min(settings.max_connections, (soft - FD_RESERVE) // 2))
 
 
 class Admission:

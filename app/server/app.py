@@ -13,17 +13,18 @@ from fastapi import FastAPI
 
 from app import __version__
 from app.core import heap
-from app.server import group, heads, modelsync
-from app.server.api import docs, errors, health, openapi, playground
+from app.server import group, modelsync
+from app.server.api import docs, health, openapi, playground
 from app.server.api import metrics as metrics_api
 from app.server.api.openai import routes as openai_api
 from app.server.api.rest import routes as rest
 from app.server.api.v2.grpc import server as grpc_server
 from app.server.api.v2.http import repository, tracelog
 from app.server.api.v2.http import routes as v2
-from app.server.budget import BudgetMiddleware
-from app.server.connections import CloseUnreadBodies
-from app.server.hotpath import NormserveApp
+from app.server.http import errors, heads
+from app.server.http.budget import BudgetMiddleware
+from app.server.http.connections import CloseUnreadBodies
+from app.server.http.hotpath import NormserveApp
 from app.server.telemetry import logs, metrics, tracing
 from app.server.telemetry.observability import ObservabilityMiddleware
 from app.server.worker import Worker
@@ -48,8 +49,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     polling = asyncio.create_task(poll(worker, starting)) if worker.settings.model_control == "poll" else None
     watching = asyncio.create_task(modelsync.watch(worker.sync, starting, worker.settle)) if worker.sync else None
     worker.drain.install()  # SIGTERM: not ready at once, in-flight requests finish, then uvicorn's shutdown
+    heads.configure(worker.settings)  # head deadline and size, connection limit (app/server/http/heads.py)
     config = worker.drain.server_config()
-    if config is not None:  # uvicorn's: head deadline and size, connection limit (app/server/heads.py)
+    if config is not None:  # a bare `uvicorn app.main:app`: its protocol guarded here (normserve serve names it)
         heads.install(config, worker.settings)
     async with grpc_server.serving(worker):  # gRPC on NORMSERVE_GRPC_PORT in this worker, stopped with a grace
         yield

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from app.server import compat
 from app.server.admission import Admission
 
 log = logging.getLogger("normserve.lifecycle")
@@ -66,9 +67,8 @@ class Drain:
         """The config of the uvicorn Server whose handlers were wrapped (after install), or None.
 
         uvicorn reads `http_protocol_class` from it for every new connection, so the lifespan may still
-        change it: app/server/heads.py."""
-        servers = [getattr(handler, "__self__", None) for handler in self._previous.values()]
-        return next((getattr(s, "config") for s in servers if hasattr(s, "config")), None)  # noqa: B009
+        change it: app/server/http/heads.py."""
+        return compat.server_config(self._previous.values())
 
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
         # Runs on the main thread between two bytecodes, possibly inside Admission.enter holding its
@@ -96,19 +96,6 @@ class Drain:
             abandoned = self.admission.abandon_all()
             log.error("%s: drain timeout after %.1f s; %d requests answered 503", name, elapsed, abandoned)
         previous = self._previous[sig]
-        _bound_server_shutdown(previous, max(0.5, self.timeout_s - elapsed))
+        # The server's own shutdown then waits for open connections within what is left of the timeout.
+        compat.bound_graceful_shutdown(previous, max(0.5, self.timeout_s - elapsed))
         previous(sig, None)
-
-
-def _bound_server_shutdown(handler: Handler, remaining_s: float) -> None:
-    """Bound how long uvicorn's shutdown waits for open connections, so the drain timeout holds overall.
-
-    uvicorn's `Server.shutdown` waits `config.timeout_graceful_shutdown` (None = for ever) for every
-    connection to finish; it reads the value when shutdown starts, so setting it here takes effect.
-    """
-    config = getattr(getattr(handler, "__self__", None), "config", None)
-    if config is None or not hasattr(config, "timeout_graceful_shutdown"):
-        return
-    current = config.timeout_graceful_shutdown
-    if current is None or current > remaining_s:
-        config.timeout_graceful_shutdown = remaining_s

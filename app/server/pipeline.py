@@ -1,12 +1,13 @@
-"""What a protocol hands the Worker for one inference request (a Codec), and the request's stages (a Job).
+"""What a protocol hands the data plane for one inference request (a Codec), and the request's stages (a Job).
 
-Worker.serve (app/server/worker.py) runs every inference request of every protocol: the body, admission,
-the Job on the event loop or in the threadpool, statistics. A protocol only translates: its codec turns
-a body into the model and the data plane's input, and the model's result into its answer.
+DataPlane.infer (app/server/dataplane.py) runs every inference request of every protocol: the model, the body,
+admission, the Job on the event loop or in the threadpool, statistics. A protocol only translates: its codec
+names the model its request asks for, turns the body into that model's input, and the result into its answer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from app.core.model import Model
@@ -15,60 +16,76 @@ from app.server.telemetry.timer import InferTimer
 B = TypeVar("B", contravariant=True)
 W = TypeVar("W")
 P = TypeVar("P", covariant=True)
+Version = str | int | None
+Resolve = Callable[[str, Version], Model]  # (name, version) -> the serving model, or 404
 
 
 class Codec(Protocol[B, W, P]):
-    """One request's translation, built by its route: body (B) -> (model, input, W), then (W, result) -> answer (P).
+    """One request's translation, built by its route: body (B) -> (input, W) for the model it names, then
+    (model, W, result) -> answer (P).
 
     W is what the answer needs of the request (V2's requested outputs, REST's "without the batch dim"),
-    handed from decode to encode. `model` is the model the request named, once known: set by the route
-    when its URL names it (V2), by decode when the body does (REST); the request, even one that then
-    fails, counts in that model's statistics.
+    handed from decode to encode. The model is the data plane's to find: `named` when the request names it
+    before its body (V2's URL, a gRPC message), else `target(body)`; the request, even one that then fails,
+    counts in that model's statistics.
     """
 
     @property
-    def model(self) -> Model | None: ...
+    def named(self) -> tuple[str, Version] | None: ...
 
     def size(self, body: B) -> int:
         """The body's bytes as they came in: tiny requests run on the event loop."""
         ...
 
-    def decode(self, body: B) -> tuple[Model, Any, W]: ...
+    def target(self, body: B) -> tuple[str, Version]:
+        """The model's name and version the body names (only asked when `named` is None)."""
+        ...
 
-    def encode(self, wire: W, result: Any) -> P: ...
+    def decode(self, body: B, model: Model) -> tuple[Any, W]: ...
+
+    def encode(self, model: Model, wire: W, result: Any) -> P: ...
 
 
 class Job(Generic[W, P]):
     """The stages of one request, each marked on its timer in Triton's names: decode (on the event loop for a
     tiny body, or in the thread), then the model's inference and the answer."""
 
-    def __init__(self, timer: InferTimer, codec: Codec[Any, W, P], body: Any) -> None:
+    def __init__(
+        self, timer: InferTimer, codec: Codec[Any, W, P], body: Any, model: Model | None, resolve: Resolve
+    ) -> None:
         self.timer = timer
         self.codec = codec
         # The body goes once decoded: a 64 MiB request's answer was built while it was still held, 133 MiB
         # above the worker's RSS with the body in at the encode stage, 69 MiB without (in process, /proc VmHWM).
         self._held = [body]
-        self._decoded: tuple[Model, Any, W] | None = None
+        self.model = model  # the model the request named, once known
+        self._resolve = resolve  # the data plane's: finds the model a body names (codec.target)
+        self._decoded: tuple[Any, W] | None = None
 
     def decode(self) -> Model:
         """The queue and compute_input stages: the model the request names, and its input."""
         self.timer.mark("queue")
-        model, request, wire = self.codec.decode(self._held.pop())
+        body = self._held.pop()
+        if self.model is None:
+            self.model = self._resolve(*self.codec.target(body))
+        model = self.model
+        self._decoded = self.codec.decode(body, model)
+        del body
         self.timer.model = (model.name, model.version)
-        self.timer.note_input(request)
+        self.timer.note_input(self._decoded[0])
         self.timer.mark("compute_input")
-        self._decoded = model, request, wire
         return model
 
     def __call__(self) -> P:
         """The rest of the request's stages (decode too, unless it already ran): its answer."""
         if self._decoded is None:
             self.decode()
-        assert self._decoded is not None
-        model, request, wire = self._decoded
+        assert self._decoded is not None and self.model is not None
+        request, wire = self._decoded
         self._decoded = None
-        result = model.infer(request)
+        result = self.model.infer(request)
+        del request
         self.timer.mark("compute_infer")
-        payload = self.codec.encode(wire, result)
+        payload = self.codec.encode(self.model, wire, result)
         self.timer.mark("compute_output")
         return payload

@@ -1,45 +1,31 @@
-"""One Worker per server process: its models, admission, drain and Triton statistics, and how inference runs.
+"""One Worker per server process: the objects it builds once, and the repository's lifecycle.
 
 `start()` is the lifecycle (verify sha256 -> build sessions -> parity warm-up -> ready), used by the
-app's lifespan and by `normserve validate` alike. `serve()` is the one inference pipeline of every protocol
-(each hands it a codec, app/server/pipeline.py): the body, admission, then the threadpool (or the event loop
-for tiny requests), the timeout, statistics.
+app's lifespan and by `normserve validate` alike; loads and unloads through the repository API, and a start
+that left models failing settling once they serve. Inference, metadata and statistics are the data plane's
+(`plane`, app/server/dataplane.py), the one face the protocols' inference and metadata routes take.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
-
-import anyio
 
 from app.core.model import Model
 from app.core.repository import LegacyLayout
-from app.core.runtime import Runtime
-from app.errors import ModelNotFound, NotReady, Timeout
 from app.server.admission import Admission
 from app.server.budget import Budget
 from app.server.control import LOAD_ERRORS, ModelControl
+from app.server.dataplane import DataPlane
 from app.server.drain import Drain
 from app.server.modelsync import ModelSync
-from app.server.pipeline import Codec, Job
-from app.server.telemetry import metrics, record
 from app.server.telemetry.statistics import Statistics
-from app.server.telemetry.timer import InferTimer
 from app.settings import Settings
 
 log = logging.getLogger("normserve")
-T = TypeVar("T")
-B = TypeVar("B")
-P = TypeVar("P")
-# Bodies up to this size are computed on the event loop: (1,8,64) in JSON is 5.6 KiB and takes ~0.15 ms.
-INLINE_BODY_BYTES = 16 * 1024
 
 
 class Worker:
-    """Everything one server process builds once; routes of every protocol take it.
+    """Everything one server process builds once; the repository's routes take it, the others its `plane`.
 
     `normserve validate` runs the same `load` and `warm_up` steps as `start`, one by one with progress.
     """
@@ -49,8 +35,8 @@ class Worker:
         self.admission = Admission(settings.max_in_flight)
         self.budget = Budget(settings.max_inflight_bytes)  # request body bytes in flight, every transport
         self.statistics = Statistics()
-        # The batchers stop waiting once every request in flight in this worker is in the batch.
-        self.runtime = Runtime(settings, observe=self._observe_run, in_flight=self.admission.count)
+        self.plane = DataPlane(settings, self.admission, self.statistics)
+        self.runtime = self.plane.runtime
         self.control = ModelControl(self.runtime)
         self.sync: ModelSync | None = None  # explicit mode with several workers: set by the app's lifespan
         self.drain = Drain(self.admission, settings.drain_timeout_s)
@@ -131,138 +117,3 @@ class Worker:
         self.admission.not_ready_reason = f"model check failed: {reason}"
         self.runtime.abandon(f"not loaded: {self.admission.not_ready_reason}")
         log.error("not ready: %s", reason, extra={"reason": self.admission.not_ready_reason})
-
-    def model(self, name: str, version: str | int | None = None) -> Model:
-        """The model, 404 if unknown; 503 while models are still loading, when unknown may just mean not yet."""
-        try:
-            model = self.runtime.get(name, version)
-        except ModelNotFound:
-            if not self.admission.ready:
-                raise NotReady(f"server is not ready: {self.admission.not_ready_reason}") from None
-            raise
-        record.note_model(name)  # the request's log line names the model it used
-        return model
-
-    def metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
-        """V2 model metadata; without a version it lists every version serving, as Triton's does."""
-        model = self.model(name, version)
-        if version is not None:
-            return model.metadata
-        return {**model.metadata, "versions": [str(v) for v in sorted(self.runtime.serving.get(model.name, {}))]}
-
-    def model_statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
-        """Triton's statistics of every model, of one model (every version serving, as Triton's: not only the
-        newest), or of one version."""
-        if not name:
-            models = self.runtime.models
-        else:
-            model = self.model(name, version)
-            models = [model] if version is not None else [m for m in self.runtime.models if m.name == model.name]
-        return self.statistics.report([(m.name, m.version) for m in models])
-
-    def _observe_run(self, model: str, version: str, seconds: float, rows: int, warm_up: bool) -> None:
-        metrics.observe_inference(model, version, seconds, rows)
-        if not warm_up:  # the warm-up's runs, at start or on a load through the API, are no client's executions
-            self.statistics.record_execution(model, version, int(seconds * 1e9))
-
-    async def serve(self, codec: Codec[B, Any, P], body: Awaitable[B], deadline_s: float | None = None) -> P:
-        """One inference request of any protocol: its body, admission, its stages on the event loop or in the
-        threadpool (run), and its success or failure counted once, for the model it named (codec.model).
-
-        deadline_s: the client's remaining deadline (gRPC), when it is shorter than the request timeout.
-        """
-        timer = InferTimer()  # a body that fails to arrive counts as a failure of the model the URL named
-        try:
-            arrived = await body
-            timer.restart()  # the clock starts once the body is in memory, as Triton's does
-            tiny = codec.size(arrived) <= INLINE_BODY_BYTES
-            job = Job(timer, codec, arrived)
-            del arrived  # the job holds the body until it is decoded, no one after
-            payload = await self._admit(job, tiny, deadline_s)
-        except Exception:  # any answer but success counts as a failure; the error handlers still answer it
-            self._count(codec, timer, success=False)
-            raise
-        self._count(codec, timer, success=True)
-        return payload
-
-    async def _admit(self, job: Job[Any, P], tiny: bool, deadline_s: float | None) -> P:
-        """A tiny request is decoded on the event loop, then runs there unless its model batches: a batcher
-        blocks its caller while the batch gathers. Others go to the threadpool whole."""
-        self._enter()
-        try:
-            inline = tiny and job.decode().batcher is None
-        except BaseException:
-            self._release()
-            raise
-        return await self._finish(job, inline, deadline_s)
-
-    def _count(self, codec: Codec[Any, Any, Any], timer: InferTimer, success: bool) -> None:
-        if codec.model is None:  # the request never named a model
-            return
-        timer.model = (codec.model.name, codec.model.version)
-        record = self.statistics.record_success if success else self.statistics.record_failure
-        record(codec.model.name, codec.model.version, timer)
-
-    async def run(self, fn: Callable[[], T], inline: bool = False, deadline_s: float | None = None) -> T:
-        """Admit the job, run it in the threadpool, and answer 504 past the timeout without killing the worker.
-
-        inline=True runs fn on the event loop: only for tiny requests (INLINE_BODY_BYTES), whose work takes
-        less than the thread hop and the GIL hand-offs it brings (measured in docs/benchmarks.md).
-        deadline_s: the client's remaining deadline (gRPC), when it is shorter than the request timeout.
-        """
-        self._enter()
-        return await self._finish(fn, inline, deadline_s)
-
-    def _enter(self) -> None:
-        self.admission.enter()
-        metrics.IN_FLIGHT.inc()
-
-    async def _finish(self, fn: Callable[[], T], inline: bool, deadline_s: float | None) -> T:
-        """run's part once admitted: the slot is released when fn ends, or when it was never started."""
-        if inline:  # on the event loop, now: no waiter can give up on it, so there is nothing to claim
-            try:
-                return fn()
-            finally:
-                self._release()
-        # Whoever takes `claim` first releases the slot: the job when it starts (so a timed-out job still
-        # counts until it really ends), or the waiter when it gave up before any thread picked the job up.
-        claim = threading.Lock()
-        job = _claimed(fn, claim, self._release)
-        abandon = anyio.CancelScope()  # cancelled by a drain that timed out (app/server/drain.py)
-        self.admission.abandonable.add(abandon)
-        timeout = self.settings.request_timeout_s
-        try:
-            with anyio.fail_after(timeout if deadline_s is None else min(timeout, deadline_s)), abandon:
-                return await anyio.to_thread.run_sync(job, abandon_on_cancel=True)
-        except TimeoutError:
-            if deadline_s is not None and deadline_s < timeout:
-                raise Timeout(f"inference took longer than the client's deadline ({deadline_s:.3g} s)") from None
-            raise Timeout(f"inference took longer than {timeout} s (NORMSERVE_REQUEST_TIMEOUT_S)") from None
-        finally:
-            self.admission.abandonable.discard(abandon)
-            if claim.acquire(blocking=False):
-                self._release()
-        raise NotReady(
-            "server is shutting down and its drain timeout (NORMSERVE_DRAIN_TIMEOUT_S) passed; retry elsewhere"
-        )
-
-    def _release(self) -> None:
-        self.admission.leave()
-        metrics.IN_FLIGHT.dec()
-
-
-def _claimed(fn: Callable[[], T], claim: threading.Lock, release: Callable[[], None]) -> Callable[[], T]:
-    def job() -> T:
-        if not claim.acquire(blocking=False):
-            raise RuntimeError("inference abandoned before it started")  # its waiter has already answered
-        try:
-            return fn()
-        finally:
-            release()
-
-    return job
-
-
-async def arrived(body: B) -> B:
-    """A body already in memory (gRPC's parsed message), as serve takes it."""
-    return body

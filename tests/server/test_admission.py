@@ -1,7 +1,9 @@
-"""app/server/admission.py: readiness, draining and the in-flight limit; refusals name their reason in full."""
+"""app/server/admission.py: readiness, draining and the in-flight limit, refusals naming their reason in full; the
+connection limit within the process's descriptors."""
 
 from __future__ import annotations
 
+import resource
 import threading
 import time
 
@@ -10,7 +12,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from app.errors import NotReady, Overloaded
-from app.server.admission import Admission
+from app.server.admission import FD_RESERVE, Admission, connection_limit
+from app.settings import Settings
 
 
 def ready(max_in_flight: int = 2) -> Admission:
@@ -158,3 +161,11 @@ def test_abandon_all_cancels_every_waiting_request_and_says_how_many() -> None:
 
     assert anyio.run(scenario) == [True, True, True]
     assert Admission(1).abandon_all() == 0
+
+
+@pytest.mark.parametrize("setting", [1, 10, 10**9])
+def test_the_connection_limit_is_the_setting_within_half_the_free_descriptors(setting: int) -> None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    expected = setting if soft == resource.RLIM_INFINITY else max(1, min(setting, (soft - FD_RESERVE) // 2))
+    assert connection_limit(Settings(max_connections=setting)) == expected
+    assert connection_limit(Settings(max_connections=setting)) <= setting

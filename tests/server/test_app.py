@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio.to_thread
 import httpx
@@ -29,6 +28,7 @@ from app.server.drain import DRAIN_SIGNALS
 from app.server.worker import Worker
 from app.settings import Settings
 from tests.live_server import MODELS
+from tests.polling import run
 
 T = TypeVar("T")
 
@@ -55,16 +55,6 @@ ROUTES = [
     ("POST", "/v2/repository/models/{name}/unload"),
     ("GET", "/metrics"),
 ]
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run coro on a new event loop of this (main) thread; not asyncio.run, which installs a SIGINT handler itself."""
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.run_until_complete(loop.shutdown_default_executor())
-        loop.close()
 
 
 def client(app: FastAPI) -> httpx.AsyncClient:

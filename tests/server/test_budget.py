@@ -10,7 +10,7 @@ import time
 import pytest
 
 from app.errors import BudgetExhausted
-from app.server.budget import Budget, content_length
+from app.server.budget import Budget
 
 
 def test_bytes_within_the_limit_are_counted_and_given_back() -> None:
@@ -71,12 +71,3 @@ def test_a_body_growing_past_the_limit_is_refused_at_once() -> None:
     with pytest.raises(BudgetExhausted):
         budget.grow(11)
     assert budget.used == 90
-
-
-@pytest.mark.parametrize(
-    ("headers", "expected"),
-    [([], None), ([(b"content-length", b"123")], 123), ([(b"content-length", b"-1")], None), ([(b"x", b"1")], None)],
-    ids=["none", "length", "negative", "other-header"],
-)
-def test_content_length_is_the_announced_size(headers: list[tuple[bytes, bytes]], expected: int | None) -> None:
-    assert content_length({"type": "http", "headers": headers}) == expected

@@ -11,7 +11,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine
 from types import FrameType
 from typing import Any, TypeVar
 
@@ -23,26 +22,10 @@ from prometheus_client import REGISTRY
 from app.errors import NotReady
 from app.server.admission import Admission
 from app.server.drain import DRAIN_SIGNALS, Drain
+from tests.polling import run, until
 
 T = TypeVar("T")
 SIGNALS = pytest.mark.parametrize("sig", DRAIN_SIGNALS, ids=lambda s: signal.Signals(s).name)
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run coro on a new event loop of this (main) thread. Not asyncio.run, which installs a SIGINT handler itself."""
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.run_until_complete(loop.shutdown_default_executor())
-        loop.close()
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        await asyncio.sleep(0.005)
 
 
 def busy(in_flight: int = 1) -> Admission:
@@ -119,7 +102,7 @@ def test_the_first_signal_drains_and_calls_the_servers_handler_once_idle(
     async def scenario() -> float:
         assert drain.install()
         os.kill(os.getpid(), sig)
-        await asyncio.sleep(0.2)
+        await until(lambda: REGISTRY.get_sample_value("normserve_ready") == 0, "the drain's start on the loop")
         # Draining: not ready and refusing new work at once, while the server itself keeps running.
         assert admission.draining and not admission.accepting and not uvicorn_server.should_exit
         assert REGISTRY.get_sample_value("normserve_ready") == 0  # published on the loop, after the handler
@@ -204,7 +187,7 @@ def test_a_second_signal_goes_straight_to_the_servers_handler(signal_handlers: N
     async def scenario() -> list[tuple[int, bool]]:
         assert drain.install()
         os.kill(os.getpid(), sig)
-        await asyncio.sleep(0.1)
+        await until(lambda: REGISTRY.get_sample_value("normserve_ready") == 0, "the drain's start on the loop")
         assert calls == [] and admission.draining  # the first one only drains
         os.kill(os.getpid(), sig)
         await asyncio.sleep(0)

@@ -1,4 +1,4 @@
-"""app/server/pipeline.py: a request's stages, each timed (Job), and where Worker.serve runs them."""
+"""app/server/pipeline.py: a request's stages, each timed (Job), and where DataPlane.infer runs them."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from app.core.model import Model
 from app.core.seeds import SEED003
 from app.errors import InvalidInput
 from app.server.api.rest import codec
+from app.server.dataplane import INLINE_BODY_BYTES
 from app.server.pipeline import Job
 from app.server.telemetry.timer import STAGES, InferTimer
-from app.server.worker import INLINE_BODY_BYTES, Worker, arrived
+from app.server.worker import Worker
 from app.settings import Settings
 from tests.live_server import MODELS
 from tests.server.stages import Stages
@@ -32,13 +33,19 @@ def ready_worker() -> Worker:
 
 
 def test_a_job_marks_the_four_stages_in_order_and_names_the_model(ready_worker: Worker) -> None:
-    model = ready_worker.model("layernorm")
+    model = ready_worker.plane.model("layernorm")
     timer = InferTimer()
 
     def encode(wire: str, out: NormalizeOutput) -> tuple[str, tuple[int, ...]]:
         return wire, out.output.shape
 
-    job = Job(timer, Stages(lambda _: (model, NormalizeInput(np.array(SEED003.x)), "wire"), encode), b"")
+    job = Job(
+        timer,
+        Stages(lambda _: (model, NormalizeInput(np.array(SEED003.x)), "wire"), encode),
+        b"",
+        model,
+        ready_worker.plane.model,
+    )
     assert timer.marks == {} and timer.model is None  # nothing runs before the job does
     assert job() == ("wire", (2, 3))  # encode gets what decode kept for it and the model's result
     assert list(timer.marks) == list(STAGES)
@@ -57,7 +64,7 @@ def test_a_job_marks_the_four_stages_in_order_and_names_the_model(ready_worker: 
 def test_a_job_marks_only_the_stages_before_the_one_that_raised(
     ready_worker: Worker, failing: str, marked: list[str]
 ) -> None:
-    model = ready_worker.model("layernorm")
+    model = ready_worker.plane.model("layernorm")
     huge = np.full(2, 3e38, np.float32)  # gamma and beta whose output overflows float32: the model refuses it
     x = np.array([[0.0, 1.0]])
     request = NormalizeInput(x, gamma=huge, beta=huge) if failing == "infer" else NormalizeInput(x)
@@ -74,20 +81,20 @@ def test_a_job_marks_only_the_stages_before_the_one_that_raised(
 
     timer = InferTimer()
     with pytest.raises(InvalidInput):
-        Job(timer, Stages(decode, encode), b"")()
+        Job(timer, Stages(decode, encode), b"", None, ready_worker.plane.model)()
     assert list(timer.marks) == marked
     assert timer.model == (None if failing == "decode" else ("layernorm", "1"))
 
 
 def test_a_job_drops_its_body_once_decoded(ready_worker: Worker) -> None:
-    model = ready_worker.model("layernorm")
+    model = ready_worker.plane.model("layernorm")
     seen: list[int] = []
 
     def decode(body: bytearray) -> tuple[Model, NormalizeInput, None]:
         seen.append(len(job._held))  # the body is the codec's alone while it decodes
         return model, NormalizeInput(np.array(SEED003.x)), None
 
-    job = Job(InferTimer(), Stages(decode), bytearray(b"{}"))
+    job = Job(InferTimer(), Stages(decode), bytearray(b"{}"), model, ready_worker.plane.model)
     job()
     assert seen == [0] and job._held == []
 
@@ -104,7 +111,7 @@ def test_a_job_drops_its_body_once_decoded(ready_worker: Worker) -> None:
 def test_serve_decodes_a_tiny_body_on_the_event_loop_and_infers_there_unless_its_model_batches(
     ready_worker: Worker, name: str, size: int, decoded_on_the_loop: bool, inferred_on_the_loop: bool
 ) -> None:
-    model = ready_worker.model(name)
+    model = ready_worker.plane.model(name)
     x = np.array(SEED003.x) if name == "layernorm" else np.zeros((1, 2, 128), np.float32)
     request: Any = NormalizeInput(x) if name == "layernorm" else EncodeInput(x, None, model.limits)  # type: ignore[attr-defined]
     threads: dict[str, int] = {}
@@ -118,7 +125,7 @@ def test_serve_decodes_a_tiny_body_on_the_event_loop_and_infers_there_unless_its
         return "answered"
 
     async def scenario() -> tuple[str, int]:
-        answer = await ready_worker.serve(Stages(decode, encode, model, size), arrived(b""))
+        answer = await ready_worker.plane.infer(Stages(decode, encode, model, size), b"")
         return answer, threading.get_ident()
 
     answer, loop = asyncio.run(scenario())

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from tritonclient.utils import InferenceServerException
 from app.core import reference
 from app.errors import shown
 from tests.live_server import MODELS
+from tests.polling import wait_until
 from tests.repositories import copy_models
 from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
 
@@ -244,13 +244,6 @@ def _errors(server: GrpcServer) -> dict[str, str]:
     }
 
 
-def _until(condition: Callable[[], bool], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
 def _assert_failed_cleanly(server: GrpcServer, loads: int = 1) -> None:
     """Index, metric and log line of every broken version (tried `loads` times); the good models serve, correctly."""
     index = _index(server)
@@ -283,7 +276,7 @@ def test_at_start_up_readiness_names_every_failure_and_the_other_models_serve(re
     build_broken(repository)
     with grpc_server(tmp_path, _env(repository), wait_ready=False) as server:
         ready = lambda: httpx.get(f"{server.base}/v2/health/ready", timeout=30)  # noqa: E731
-        _until(lambda: "model check failed" in ready().text)
+        wait_until(lambda: "model check failed" in ready().text, timeout=120)
         r = ready()
         reasons = "; ".join(REASONS[n] for n in sorted(NAMES))
         assert (r.status_code, r.json()) == (
@@ -315,7 +308,7 @@ def test_poll_logs_each_failure_with_the_model_and_the_reason(repository: Path, 
     env = _env(repository, NORMSERVE_MODEL_CONTROL="poll", NORMSERVE_POLL_INTERVAL_S="0.2")
     with grpc_server(tmp_path, env) as server:
         build_broken(repository)  # after start-up: the poll finds them
-        _until(lambda: set(NAMES) <= set(_errors(server)))
+        wait_until(lambda: set(NAMES) <= set(_errors(server)), timeout=120)
         polled = {d["model"]: d["msg"] for d in server.log_lines() if d["msg"].startswith("poll: ")}
         assert {n: polled.get(n) for n in NAMES} == {
             n: f"poll: failed to load model {n!r}: {REASONS[n]}" for n in NAMES
@@ -334,12 +327,12 @@ def test_a_server_whose_start_failed_is_ready_once_poll_loads_the_fixed_version(
     env = _env(repository, NORMSERVE_MODEL_CONTROL="poll", NORMSERVE_POLL_INTERVAL_S="0.2")
     with grpc_server(tmp_path, env, wait_ready=False) as server:
         ready = lambda: httpx.get(f"{server.base}/v2/health/ready", timeout=30)  # noqa: E731
-        _until(lambda: "model check failed" in ready().text)
+        wait_until(lambda: "model check failed" in ready().text, timeout=120)
         reason = REASONS["broken-garbage-onnx"]
         assert ready().json() == {"ready": False, "error": f"not ready: model check failed: {reason}"}
         staging = repository / ".fixed"
         shutil.copytree(MODELS / "layernorm", staging)
         shutil.rmtree(repository / "broken-garbage-onnx")
         staging.rename(repository / "broken-garbage-onnx")  # the version as exported, whole
-        _until(lambda: ready().status_code == 200)
+        wait_until(lambda: ready().status_code == 200, timeout=120)
         assert _index(server)["broken-garbage-onnx"] == ("READY", "")

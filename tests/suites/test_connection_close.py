@@ -1,7 +1,7 @@
 """Answers after which a kept-alive connection ends say so (`Connection: close`), and binary answers go out
 uncompressed (issue 22, items 6 and 7; spec section 11), on real uvicorn servers over raw sockets.
 
-A 500 needs a bug: `faulty_app` (served with uvicorn's --factory) is the real app whose Worker.serve raises,
+A 500 needs a bug: `faulty_app` (served with uvicorn's --factory) is the real app whose DataPlane.infer raises,
 and which has one more route that raises, so both ways an unexpected error is answered are covered: the
 inference routes' hot path and FastAPI's ServerErrorMiddleware.
 """
@@ -48,7 +48,7 @@ def faulty_app() -> FastAPI:
     def boom() -> None:
         raise RuntimeError("a bug behind FastAPI's middleware")
 
-    app.state.worker.serve = broken
+    app.state.worker.plane.infer = broken
     app.add_api_route("/boom", boom)
     return app
 

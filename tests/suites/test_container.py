@@ -103,6 +103,18 @@ def test_requirements_serve_pins_every_dependency_of_pyproject_and_no_exporter()
     assert all(re.fullmatch(r"[A-Za-z0-9._-]+", name) and re.fullmatch(r"[\w.]+", v) for name, v in PINS.items())
 
 
+def test_every_serving_dependency_is_bounded_above_and_below_around_the_image_pin() -> None:
+    """`pip install -e .` takes only versions the image pins and the tests run: a new release needs its bound raised."""
+    from packaging.requirements import Requirement
+
+    pins = {canonical(name): version for name, version in PINS.items()}
+    for line in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
+        requirement = Requirement(line)
+        operators = {spec.operator for spec in requirement.specifier}
+        assert {">=", "<"} <= operators, f"{line}: expected a lower and an upper bound"
+        assert requirement.specifier.contains(pins[canonical(requirement.name)]), f"{line}: the image pins outside it"
+
+
 # ---- the built image -----------------------------------------------------------------------------------------
 
 

@@ -4,7 +4,7 @@ answered right.
 
 The statuses here are partly uvicorn's own: a request its parser refuses never reaches normserve and gets
 uvicorn's plain-text 400 `Invalid HTTP request received.`; the two parsers disagree on one of these
-(docs/reliability.md lists both); a head over 64 KiB gets normserve's 431 on both (app/server/heads.py). The server has a 64 KiB body limit and a 0.5 s body deadline, so that going
+(docs/reliability.md lists both); a head over 64 KiB gets normserve's 431 on both (app/server/http/heads.py). The server has a 64 KiB body limit and a 0.5 s body deadline, so that going
 past each is cheap.
 """
 
@@ -167,7 +167,7 @@ CASES: list[Any] = [
     ),
     pytest.param(
         [(request("GET", b"/v2", CLOSE + b"".join(b"X-Header-%d: %d\r\n" % (i, i) for i in range(10_000))), 0)],
-        # 190 KB of headers: past the 64 KiB head (app/server/heads.py), on either parser
+        # 190 KB of headers: past the 64 KiB head (app/server/http/heads.py), on either parser
         both(HEAD_TOO_LARGE),
         id="headers-10000",
     ),

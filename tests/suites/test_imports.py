@@ -19,7 +19,8 @@ def test_importing_the_app_does_not_import_torch_or_onnx() -> None:
 
 
 # (modules, a package none of them may import): a protocol's transports stand side by side, each on the
-# protocol's own rules (app/server/api/v2: rules, config, schemas); the pipeline knows no protocol.
+# protocol's own rules (app/server/api/v2: rules, config, schemas); the pipeline knows no protocol and no HTTP;
+# gRPC takes nothing from HTTP's plumbing (app/server/http); telemetry serves every protocol; the core is no server.
 SEPARATE = [
     ("app/server/api/v2/grpc", "app.server.api.v2.http"),
     ("app/server/api/v2/http", "app.server.api.v2.grpc"),
@@ -29,6 +30,16 @@ SEPARATE = [
     ("app/server/api/openapi.py", "app.server.api.v2.http"),
     ("app/server/worker.py", "app.server.api"),
     ("app/server/pipeline.py", "app.server.api"),
+    ("app/server/worker.py", "app.server.http"),
+    ("app/server/pipeline.py", "app.server.http"),
+    ("app/server/dataplane.py", "app.server.api"),
+    ("app/server/dataplane.py", "app.server.http"),
+    ("app/server/dataplane.py", "app.server.worker"),
+    ("app/server/api/rest", "app.server.worker"),
+    ("app/server/api/v2/grpc", "app.server.http"),
+    ("app/server/telemetry", "app.server.api"),
+    ("app/server/telemetry", "app.server.http"),
+    ("app/core", "app.server"),
 ]
 
 

@@ -16,13 +16,13 @@ from benchmarks.inprocess import sample  # noqa: E402
 from benchmarks.serving import HALF, make_request  # noqa: E402
 
 LOOP = "<module> (uvicorn/__main__.py:4);Server.run (uvicorn/server.py:86);Runner.run (asyncio/runners.py:118)"
-SERVE = f"{LOOP};Worker.serve (app/server/worker.py:176)"
+SERVE = f"{LOOP};DataPlane.infer (app/server/dataplane.py:104)"
 # A worker's py-spy output in its raw format: a stack (root first) and its sample count per line.
 RAW = "\n".join(
     [
         f"{LOOP};_run_once (asyncio/base_events.py:1999) 6",
-        f"{LOOP};Budget.receiving (app/server/budget.py:155);Timeout.__aexit__ (asyncio/timeouts.py:119) 2",
-        f"{LOOP};Budget.receiving (app/server/budget.py:150) 2",
+        f"{LOOP};Budget.receiving (app/server/http/budget.py:155);Timeout.__aexit__ (asyncio/timeouts.py:119) 2",
+        f"{LOOP};Budget.receiving (app/server/http/budget.py:150) 2",
         f"{SERVE};NormalizeCodec.decode (app/server/api/rest/codec.py:90);parse (app/core/jsontensors.py:50) 3",
         f"{SERVE};NormalizeCodec.decode (app/server/api/rest/codec.py:95) 1",
         f"{SERVE};normalize (app/core/layernorm.py:231);run_kernel (app/core/kernels.py:84) 5",
@@ -41,7 +41,7 @@ RAW = "\n".join(
     [
         (["f (uvicorn/protocols/http/httptools_impl.py:1)"], "uvicorn/asyncio"),
         (["serve (app/server/worker.py:1)", "wait (asyncio/locks.py:2)"], "uvicorn/asyncio"),
-        (["wait (asyncio/locks.py:2)", "serve (app/server/hotpath.py:1)"], "hot path and middleware"),
+        (["wait (asyncio/locks.py:2)", "serve (app/server/http/hotpath.py:1)"], "hot path and middleware"),
         (["serve (app/server/worker.py:1)", "parse (app/core/jsontensors.py:9)"], "decode"),
         (["V2Codec.decode (app/server/api/v2/http/codec.py:9)"], "decode"),
         (["V2Codec.encode (app/server/api/v2/http/codec.py:9)"], "encode/response"),

@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import yaml
 
 from benchmarks.servers import HOST, free_port, server_process
 from tests.live_server import ROOT, cli_server, server_env
+from tests.polling import wait_until
 from tests.server.prometheus import Samples, parse
 
 DEPLOY = ROOT / "deploy" / "prometheus"
@@ -71,13 +71,6 @@ def by(api: str, expr: str, *labels: str) -> dict[tuple[str, ...], float]:
     return {tuple(s["metric"].get(k, "") for k in labels): float(s["value"][1]) for s in query(api, expr)}
 
 
-def until(condition: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.2)
-
-
 def scrape_config(target: str, data: Path) -> Path:
     """deploy/prometheus/prometheus.yml with its job's targets static (here: the replica) and 1 s intervals."""
     config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
@@ -111,7 +104,7 @@ def _both_workers_ready(base: str) -> bool:
 
 def _before_traffic(api: str) -> dict[tuple[str, str], float]:
     """Inference runs per model version as Prometheus has them once it sees both workers ready (the warm-ups)."""
-    until(lambda: by(api, 'normserve_ready{job="normserve"}') == {(): 1.0}, "Prometheus sees the replica ready")
+    wait_until(lambda: by(api, 'normserve_ready{job="normserve"}') == {(): 1.0}, "Prometheus sees the replica ready")
     runs = 'normserve_inference_duration_seconds_count{job="normserve"}'
     return {(model, version): v for (model, version), v in by(api, runs, "model", "version").items()}
 
@@ -123,7 +116,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     env = server_env({"NORMSERVE_WORKERS": str(WORKERS), "TMPDIR": str(tmp)})
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     with cli_server([str(Path(sys.executable).parent / "normserve"), "serve"], env) as replica:
-        until(lambda: _both_workers_ready(replica.base), "both workers ready")
+        wait_until(lambda: _both_workers_ready(replica.base), "both workers ready")
         config = scrape_config(f"{HOST}:{replica.port}", tmp)
         check = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
@@ -142,7 +135,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             # it grows (a series whose every request falls between two scrapes shows no rate at all).
             for part in (slice(None, 1), slice(1, None)):
                 sent += _send_traffic(replica.base, part)
-                until(lambda: by(prom.base, total) == {(): float(sent)}, "Prometheus scrapes the traffic")  # noqa: B023
+                wait_until(lambda: by(prom.base, total) == {(): float(sent)}, "Prometheus scrapes the traffic")  # noqa: B023
             yield Stack(replica.base, prom.base, warm_runs)
 
 
@@ -240,7 +233,7 @@ def test_every_alert_rule_evaluates_on_the_live_series_and_none_fires(stack: Sta
     rules = _rules(stack.api)
     deployed = yaml.safe_load((DEPLOY / "alerts.yml").read_text())["groups"]
     assert sorted(r["name"] for r in rules) == sorted(r["alert"] for g in deployed for r in g["rules"])
-    until(lambda: all(r["health"] == "ok" for r in _rules(stack.api)), "every rule evaluated")
+    wait_until(lambda: all(r["health"] == "ok" for r in _rules(stack.api)), "every rule evaluated")
     assert all(r["state"] == "inactive" for r in _rules(stack.api))
 
 

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
 
-from app.server.api.direct import DirectRoute
+from app.server.http.direct import DirectRoute
 
 ASSETS_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
 ASSETS = "/docs/assets"

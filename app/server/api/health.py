@@ -6,8 +6,8 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from app.server.api import openapi
-from app.server.api.direct import DirectRoute
-from app.server.api.responses import json_response, readiness
+from app.server.http.direct import DirectRoute
+from app.server.http.responses import json_response, readiness
 from app.server.worker import Worker
 
 router = APIRouter(tags=["health"], route_class=DirectRoute)

@@ -6,7 +6,7 @@ import anyio
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from app.server.api.direct import DirectRoute
+from app.server.http.direct import DirectRoute
 from app.server.telemetry import metrics
 
 router = APIRouter(tags=["operations"], route_class=DirectRoute)  # answers HEAD too

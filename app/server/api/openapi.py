@@ -61,7 +61,7 @@ def install(app: FastAPI) -> None:
     """The app's document as FastAPI builds it, plus the protocol's schemas, less the 422 FastAPI adds itself.
 
     FastAPI documents a `{"detail": ...}` 422 on every route with parameters; no route answers it
-    (DirectRoute validates nothing, and app/server/api/errors.py answers `{"error": ...}`)."""
+    (DirectRoute validates nothing, and app/server/http/errors.py answers `{"error": ...}`)."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:

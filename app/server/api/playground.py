@@ -8,7 +8,7 @@ from fastapi import APIRouter, FastAPI
 from starlette.responses import FileResponse
 from starlette.staticfiles import StaticFiles
 
-from app.server.api.direct import DirectRoute
+from app.server.http.direct import DirectRoute
 
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 

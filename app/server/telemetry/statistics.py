@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.server.telemetry import metrics
 from app.server.telemetry.timer import STAGES, InferTimer
 
 
@@ -99,6 +100,13 @@ class Statistics:
             entry = self._entry(name, version)
             entry.execution_count += 1
             entry.batches.setdefault(1, Duration()).add(ns)
+
+    def observe_run(self, model: str, version: str, seconds: float, rows: int, warm_up: bool) -> None:
+        """A model's report of one run (app/core/runtime.py's RunObserver): the Prometheus metric of every run,
+        and an execution here unless the warm-up ran it (at start or on a load: no client's execution)."""
+        metrics.observe_inference(model, version, seconds, rows)
+        if not warm_up:
+            self.record_execution(model, version, int(seconds * 1e9))
 
     def record_failure(self, name: str, version: str, timer: InferTimer) -> None:
         total = timer.elapsed()

@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
 from app.server.telemetry.statistics import Statistics
 from app.server.telemetry.timer import STAGES, InferTimer
@@ -87,3 +88,16 @@ def test_versions_are_kept_apart() -> None:
     one, two = stats.report([("m", "1"), ("m", "2")])["model_stats"]
     assert (one["version"], one["inference_count"]) == ("1", 1)
     assert (two["version"], two["inference_count"]) == ("2", 0)
+
+
+@pytest.mark.parametrize(("warm_up", "executions"), [(False, 1), (True, 0)], ids=["request", "warm-up"])
+def test_a_models_report_of_a_run_is_an_execution_unless_the_warm_up_ran_it(warm_up: bool, executions: int) -> None:
+    labels = {"model": "observed", "version": "1"}
+    before = REGISTRY.get_sample_value("normserve_inference_duration_seconds_count", labels) or 0.0
+    stats = Statistics()
+    stats.observe_run("observed", "1", 0.002, 8, warm_up)
+    (report,) = stats.report([("observed", "1")])["model_stats"]
+    assert report["execution_count"] == executions
+    ns = [b["compute_infer"]["ns"] for b in report["batch_stats"]]
+    assert ns == ([2_000_000] if executions else [])
+    assert REGISTRY.get_sample_value("normserve_inference_duration_seconds_count", labels) == before + 1

@@ -8,21 +8,21 @@ fields' types, the text encoder (app/core/textencoder.py) each text and token id
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.core.model import Model
 from app.core.tensors import dumps, loads
-from app.core.textbatching import GroupedRun, TextResult, batcher_of
-from app.core.textencoder import TextEncoderModel, TextInput
+from app.core.textbatching import Pooled
+from app.core.textencoder import TextEncoderModel, TextInput, TextOutput
 from app.errors import InvalidInput, PayloadTooLarge, shown
+from app.server.dataplane import INLINE_BODY_BYTES
 from app.settings import Settings
 
 MAX_INPUTS = 2048  # OpenAI's own limit on the inputs of one request
-Resolve = Callable[[str, int | str | None], Model]
 
 
 class EmbeddingsParams(BaseModel):
@@ -57,6 +57,7 @@ class Wire:
     model: str
     encoding_format: str
     dimensions: int
+    layer_norms: bool
 
 
 def parse(params: type[BaseModel], body: bytes | bytearray) -> Any:
@@ -77,9 +78,8 @@ def parse(params: type[BaseModel], body: bytes | bytearray) -> Any:
         raise InvalidInput(f"{err['msg']} (got {shown(err.get('input'))})", name) from None
 
 
-def text_encoder(resolve: Resolve, name: str) -> TextEncoderModel:
-    """The text encoder a body names: 404 if unknown, 400 naming the kinds if it is another kind."""
-    model = resolve(name, None)
+def text_encoder(model: Model, name: str) -> TextEncoderModel:
+    """The model a body names, which must be a text encoder: a 400 naming the kinds if it is another kind."""
     if not isinstance(model, TextEncoderModel):
         raise InvalidInput(f"{name!r} is of kind {model.kind}; this route takes the kind text-encoder", "model")
     return model
@@ -140,28 +140,26 @@ def dimensions_of(model: TextEncoderModel, dimensions: int | None) -> int:
     )
 
 
-def decode_embeddings(
-    body: bytes | bytearray, settings: Settings, resolve: Resolve, in_flight: Callable[[], int]
-) -> tuple[GroupedRun, TextInput, Wire]:
-    params: EmbeddingsParams = parse(EmbeddingsParams, body)
-    model = text_encoder(resolve, params.model)
-    dimensions = dimensions_of(model, params.dimensions)
-    request = tokens_of(model, params.input, params.truncate)
-    check_total(request, settings)
-    batcher = batcher_of(model, settings.text_batch_tokens, settings.batch_delay_us, in_flight)
-    run = GroupedRun(model, batcher, params.return_layer_norms)
-    return run, request, Wire(params.model, params.encoding_format, dimensions)
+def decode_embeddings(params: EmbeddingsParams, model: Model, settings: Settings) -> tuple[Pooled, Wire]:
+    """The model's tokens of `input`, to be pooled with concurrent requests' texts, and what the answer needs."""
+    encoder = text_encoder(model, params.model)
+    dimensions = dimensions_of(encoder, params.dimensions)
+    tokens = tokens_of(encoder, params.input, params.truncate)
+    check_total(tokens, settings)
+    request = Pooled(tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)
+    return request, Wire(params.model, params.encoding_format, dimensions, params.return_layer_norms)
 
 
-def encode_embeddings(wire: Wire, result: TextResult) -> bytes:
+def encode_embeddings(wire: Wire, result: TextOutput) -> bytes:
     """OpenAI's list of embeddings, in float or base64 (little-endian float32), with the tokens run as usage."""
-    rows = result.embeddings[:, : wire.dimensions].astype("<f4")
+    rows = result.sentence_embedding[:, : wire.dimensions].astype("<f4")
     data: list[dict[str, Any]] = []
     for i, row in enumerate(rows):
         embedding: Any = base64.b64encode(row.tobytes()).decode() if wire.encoding_format == "base64" else row
         item: dict[str, Any] = {"object": "embedding", "index": i, "embedding": embedding}
-        if result.layer_norms is not None:
-            item["layer_norms"] = [{"name": n, "mean": m, "std": s} for n, m, s in result.layer_norms[i]]
+        if wire.layer_norms:  # over the text's own tokens: padding positions mean nothing
+            n = result.tokens[i]
+            item["layer_norms"] = [{"name": k, "mean": m[i, :n], "std": s[i, :n]} for k, m, s in result.layer_norms]
         data.append(item)
     total = sum(result.tokens)
     usage = {"prompt_tokens": total, "total_tokens": total}
@@ -198,24 +196,26 @@ def error_body(message: str, field: str | None, status: int) -> dict[str, Any]:
 
 
 class EmbeddingsCodec:
-    """A /v1/embeddings request for Worker.serve (app/server/pipeline.py's Codec)."""
+    """A /v1/embeddings request for DataPlane.infer (app/server/pipeline.py's Codec): the body names the model."""
 
-    def __init__(self, lookup: Resolve, settings: Settings, in_flight: Callable[[], int]) -> None:
-        self.lookup = lookup
+    named = None
+
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.in_flight = in_flight  # the worker's requests in flight: the batcher pools until all are in
-        self.model: Model | None = None
+        self.params: EmbeddingsParams | None = None
 
     def size(self, body: bytes | bytearray) -> int:
-        return len(body)
+        # Never "tiny": tokenizing and a transformer's run belong in the threadpool, whatever the body's size, and
+        # a pooled request blocks its thread while the pool gathers.
+        return max(len(body), INLINE_BODY_BYTES + 1)
 
-    def resolve(self, name: str, version: int | str | None) -> Model:
-        self.model = self.lookup(name, version)
-        return self.model
+    def target(self, body: bytes | bytearray) -> tuple[str, int | str | None]:
+        self.params = parse(EmbeddingsParams, body)
+        return self.params.model, None
 
-    def decode(self, body: bytes | bytearray) -> tuple[Model, TextInput, Wire]:
-        run, request, wire = decode_embeddings(body, self.settings, self.resolve, self.in_flight)
-        return cast(Model, run), request, wire  # Job needs of it only name, version, batcher and infer
+    def decode(self, body: bytes | bytearray, model: Model) -> tuple[Pooled, Wire]:
+        params, self.params = self.params or parse(EmbeddingsParams, body), None
+        return decode_embeddings(params, model, self.settings)
 
-    def encode(self, wire: Wire, result: TextResult) -> bytes:
+    def encode(self, model: Model, wire: Wire, result: TextOutput) -> bytes:
         return encode_embeddings(wire, result)

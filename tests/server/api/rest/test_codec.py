@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.server.api.rest import codec
+from app.server.api.rest.fields import KEEP_BODY_BYTES
 
 D = 128  # d_model of the default export
 ROW = [0.1] * D
@@ -402,7 +402,7 @@ def test_a_repeated_key_is_named_whatever_the_bodys_size(
     client: httpx.Client, elements: int, fields: bytes, key: str
 ) -> None:
     body = b'{"data": [' + b", ".join([b"0.5", b"1.5"] * (elements // 2)) + b"], " + fields + b"}"
-    assert (len(body) <= codec.KEEP_BODY_BYTES) == (elements == 64)
+    assert (len(body) <= KEEP_BODY_BYTES) == (elements == 64)
     r = client.post("/normalize", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == 422, r.text
     assert r.json()["error"] == f"{key}: given more than once in one object; send each field once"
@@ -414,7 +414,7 @@ def test_a_boolean_among_the_numbers_is_refused_whatever_the_bodys_size(
     client: httpx.Client, elements: int, token: bytes
 ) -> None:
     body = b'{"data": [' + b", ".join([b"0.5", b"1.5"] * (elements // 2) + [token]) + b"]}"
-    assert (len(body) <= codec.KEEP_BODY_BYTES) == (elements == 64)
+    assert (len(body) <= KEEP_BODY_BYTES) == (elements == 64)
     r = client.post("/normalize", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == 422, r.text
     assert r.json()["error"] == "data: booleans are not numbers; expected an array of numbers"

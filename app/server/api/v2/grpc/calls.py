@@ -29,9 +29,9 @@ from app.errors import (
     NormserveError,
     NotReady,
     Overloaded,
+    printable,
     status_for,
 )
-from app.server.api.errors import printable
 from app.server.api.v2.grpc import wire
 from app.server.budget import Budget
 from app.server.telemetry import record, tracing

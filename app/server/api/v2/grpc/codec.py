@@ -41,11 +41,11 @@ FINAL_RESPONSE = "triton_final_response"
 
 
 class InferCodec:
-    """A ModelInferRequest for Worker.serve (app/server/pipeline.py's Codec): the model it names, its size as
+    """A ModelInferRequest for DataPlane.infer (app/server/pipeline.py's Codec): the model it names, its size as
     it came in, and whether its answer is a stream's (marked final, as Triton marks it)."""
 
-    def __init__(self, model: Model, settings: Settings, bytes_in: int, final: bool) -> None:
-        self.model = model
+    def __init__(self, request: Any, settings: Settings, bytes_in: int, final: bool) -> None:
+        self.named = (request.model_name, request.model_version or None)  # an empty version is the latest
         self.settings = settings
         self.bytes_in = bytes_in
         self.final = final
@@ -53,12 +53,15 @@ class InferCodec:
     def size(self, request: Any) -> int:
         return self.bytes_in
 
-    def decode(self, request: Any) -> tuple[Model, Any, InferRequest]:
-        req = decode(request, self.model, self.settings)
-        return self.model, req.input, req
+    def target(self, request: Any) -> tuple[str, str | None]:
+        return self.named
 
-    def encode(self, wire: InferRequest, result: Any) -> Encoded:
-        return encode(self.model, wire, result, final=self.final)
+    def decode(self, request: Any, model: Model) -> tuple[Any, InferRequest]:
+        req = decode(request, model, self.settings)
+        return req.input, req
+
+    def encode(self, model: Model, wire: InferRequest, result: Any) -> Encoded:
+        return encode(model, wire, result, final=self.final)
 
 
 def parameter_values(params: Mapping[str, Any]) -> dict[str, Any]:

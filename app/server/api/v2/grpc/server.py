@@ -16,7 +16,7 @@ ModelInfer and ModelStreamInfer get wire.py's serializers, which append raw outp
 Messages larger than NORMSERVE_MAX_BODY_BYTES, also after decompression, are refused by grpc itself
 with RESOURCE_EXHAUSTED before any handler runs. A connection that completes no handshake within
 NORMSERVE_HEADER_TIMEOUT_S is closed, as is one idle for IDLE_MS; connections are limited as HTTP's are
-(app/server/heads.py), streams per connection and RPCs at once too, which bounds the messages grpc
+(app/server/admission.py), streams per connection and RPCs at once too, which bounds the messages grpc
 buffers before the budget of body bytes in flight counts them (app/server/budget.py).
 """
 
@@ -34,7 +34,8 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection
 from tritonclient.grpc import service_pb2 as pb
 
-from app.server import group, heads
+from app.server import group
+from app.server.admission import connection_limit
 from app.server.api.v2.grpc import calls, health, service, wire
 from app.server.budget import Budget
 from app.server.worker import Worker
@@ -67,7 +68,7 @@ def options(settings: Settings) -> list[tuple[str, int]]:
         # Connections that sent nothing, or never an RPC, were never closed (issue 22): as HTTP's head deadline.
         ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * 1000)),
         ("grpc.max_connection_idle_ms", IDLE_MS),
-        ("grpc.max_allowed_incoming_connections", heads.connection_limit(settings)),
+        ("grpc.max_allowed_incoming_connections", connection_limit(settings)),
         # Messages grpc buffers before a handler can count them in NORMSERVE_MAX_INFLIGHT_BYTES (budget.py).
         ("grpc.max_concurrent_streams", MAX_STREAMS),
         # grpc grows each stream's flow-control window to the link's bandwidth-delay product: on loopback,

@@ -1,10 +1,12 @@
-"""inference.GRPCInferenceService: thin handlers on the Worker, as the HTTP V2 routes are.
+"""inference.GRPCInferenceService: thin handlers on the data plane (the repository's on the Worker), as the HTTP
+V2 routes are.
 
 Each RPC is a method of that name taking (request, context, call); app/server/api/v2/grpc/server.py
 registers them from the service's descriptor, wrapped by app/server/api/v2/grpc/calls.py (statuses,
 metrics, the log line); RPCs with no method here answer UNIMPLEMENTED. The codec reads and
 writes the messages, the model's kind turns tensors into the data plane's input and back, and
-Worker.serve runs it with admission, the timeout (or the client's shorter deadline) and statistics.
+DataPlane.infer finds the model and runs it with admission, the timeout (or the client's shorter
+deadline) and statistics.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from app.server.api.v2 import rules
 from app.server.api.v2.grpc import calls, codec, messages, wire
 from app.server.api.v2.grpc.calls import Call
 from app.server.api.v2.grpc.tracelog import TraceLogRPCs
-from app.server.worker import Worker, arrived
+from app.server.worker import Worker
 
 SERVICE = "inference.GRPCInferenceService"
 # Requests of one stream computed at once; the stream's reader waits past it (grpc's flow control pushes back).
@@ -45,7 +47,8 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
     """The RPCs of one worker; `close()` ends its streams once their answers are sent (shutdown)."""
 
     def __init__(self, worker: Worker) -> None:
-        self.worker = worker
+        self.worker = worker  # the repository's RPCs: its lifecycle
+        self.plane = worker.plane  # the others: the data plane
         self._readers: set[asyncio.Task[None]] = set()
 
     async def ServerLive(self, request: Any, context: Any, call: Call) -> Any:
@@ -69,7 +72,7 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
 
     async def ModelMetadata(self, request: Any, context: Any, call: Call) -> Any:
         model = self._model(request.name, request.version, call)
-        return messages.model_metadata(self.worker.metadata(model.name, request.version or None))
+        return messages.model_metadata(self.plane.metadata(model.name, request.version or None))
 
     async def ModelConfig(self, request: Any, context: Any, call: Call) -> Any:
         return messages.model_config(self._model(request.name, request.version, call))
@@ -77,7 +80,7 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
     async def ModelStatistics(self, request: Any, context: Any, call: Call) -> Any:
         """Triton statistics, shared with HTTP's /stats: every model when the name is empty, else each version
         serving of one model, or the version asked for."""
-        report = self.worker.model_statistics(request.name, request.version or None)
+        report = self.plane.statistics(request.name, request.version or None)
         call.model = request.name  # its log line names the model (a name it did not know raised above)
         return messages.statistics(report)
 
@@ -174,16 +177,15 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
             call.finish()
 
     def _model(self, name: str, version: str, call: Call) -> Model:
-        model = self.worker.model(name, version or None)  # an empty version is the latest, as in Triton
+        model = self.plane.model(name, version or None)  # an empty version is the latest, as in Triton
         call.model = model.name
         return model
 
     async def _infer(
         self, request: Any, context: Any, call: Call, stream: bool = False, counted: bool = False
     ) -> wire.Encoded:
-        model = self._model(request.model_name, request.model_version, call)
-        infer = codec.InferCodec(model, self.worker.settings, call.bytes_in, final=stream)
+        infer = codec.InferCodec(request, self.plane.settings, call.bytes_in, final=stream)
         # A stream's message: grpc has buffered it, counted at once (budget.py) while it is computed.
         async with self.worker.budget.hold(0 if counted else call.bytes_in):
             await budget.trim_heap(call.bytes_in)
-            return await self.worker.serve(infer, arrived(request), deadline_s=context.time_remaining())
+            return await self.plane.infer(infer, request, deadline_s=context.time_remaining())

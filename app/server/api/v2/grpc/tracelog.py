@@ -65,7 +65,7 @@ class TraceLogRPCs:
         authorize(context, self.worker.settings)
         model = None
         if request.model_name:
-            model = call.model = self.worker.model(request.model_name).name
+            model = call.model = self.worker.plane.model(request.model_name).name
         settings = tracing.STATE.settings
         changes = trace_changes(request)
         return trace_response(settings.update(changes, model) if changes else settings.get(model))

@@ -21,9 +21,9 @@ from app.core.jsonkeys import check_unique_keys
 from app.core.model import Model, TensorSpec
 from app.core.tensors import binary_view, decode_json_tensor, dumps, loads
 from app.errors import InvalidInput, MalformedBody, shown
-from app.server.api.compression import choose_encoding, compress
 from app.server.api.v2 import rules
 from app.server.api.v2.rules import FIELDS, InferRequest
+from app.server.http.compression import choose_encoding, compress
 from app.settings import Settings
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -48,11 +48,13 @@ class EncodedResponse:
 
 
 class InferCodec:
-    """An infer request for Worker.serve (app/server/pipeline.py's Codec): the URL's model, and the headers
-    that shape its body (the binary header's length) and its answer (Accept-Encoding)."""
+    """An infer request for DataPlane.infer (app/server/pipeline.py's Codec): the model its URL names, and the
+    headers that shape its body (the binary header's length) and its answer (Accept-Encoding)."""
 
-    def __init__(self, model: Model, settings: Settings, header_length: str | None, accept: str | None) -> None:
-        self.model = model
+    def __init__(
+        self, name: str, version: str | None, settings: Settings, header_length: str | None, accept: str | None
+    ) -> None:
+        self.named = (name, version)
         self.settings = settings
         self.header_length = header_length
         self.accept = accept
@@ -60,12 +62,15 @@ class InferCodec:
     def size(self, body: bytearray) -> int:
         return len(body)
 
-    def decode(self, body: bytearray) -> tuple[Model, Any, InferRequest]:
-        req = decode(body, self.header_length, self.model, self.settings)
-        return self.model, req.input, req
+    def target(self, body: bytearray) -> tuple[str, str | None]:
+        return self.named
 
-    def encode(self, wire: InferRequest, result: Any) -> EncodedResponse:
-        return encode(self.model, wire, result, self.accept)
+    def decode(self, body: bytearray, model: Model) -> tuple[Any, InferRequest]:
+        req = decode(body, self.header_length, model, self.settings)
+        return req.input, req
+
+    def encode(self, model: Model, wire: InferRequest, result: Any) -> EncodedResponse:
+        return encode(model, wire, result, self.accept)
 
 
 def decode(body: bytearray, header_length: str | None, model: Model, settings: Settings) -> InferRequest:

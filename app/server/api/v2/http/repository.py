@@ -20,11 +20,11 @@ from app.core.runtime import State
 from app.core.tensors import loads
 from app.errors import InvalidInput, shown
 from app.server.api.admin import check_token
-from app.server.api.body import read_body
-from app.server.api.direct import DirectRoute
-from app.server.api.responses import json_response
 from app.server.api.v2 import config
 from app.server.api.v2.http import openapi
+from app.server.http.body import read_body
+from app.server.http.direct import DirectRoute
+from app.server.http.responses import json_response
 from app.server.worker import Worker
 
 router = APIRouter(tags=["v2 repository"], route_class=DirectRoute)
@@ -85,9 +85,9 @@ async def unload(name: str, request: Request, worker: Worker) -> Response:
 @router.get("/v2/models/{name}/config", **openapi.V2_CONFIG)
 async def model_config(name: str, worker: Worker) -> Response:
     """Triton's model configuration (what tritonclient's get_model_config returns)."""
-    return json_response(config.to_json(config.model_config(worker.model(name))))
+    return json_response(config.to_json(config.model_config(worker.plane.model(name))))
 
 
 @router.get("/v2/models/{name}/versions/{version}/config", **openapi.V2_CONFIG)
 async def model_version_config(name: str, version: str, worker: Worker) -> Response:
-    return json_response(config.to_json(config.model_config(worker.model(name, version))))
+    return json_response(config.to_json(config.model_config(worker.plane.model(name, version))))

@@ -1,7 +1,8 @@
 """The Open Inference Protocol (KServe V2 / Triton HTTP): metadata, readiness, infer and statistics.
 
-Thin routes: app/server/api/v2/http/codec.py reads and writes the wire format, the model's kind turns
-tensors into the data plane's input and back, the Worker runs it. Health routes are in health.py.
+Thin routes on the data plane: app/server/api/v2/http/codec.py reads and writes the wire format, the model's kind
+turns tensors into the data plane's input and back, the data plane finds the model and runs it. Health routes are
+in health.py.
 """
 
 from __future__ import annotations
@@ -13,14 +14,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from app import __version__
-from app.core.model import Model
 from app.errors import ExtensionNotSupported
-from app.server.api.body import read_body
-from app.server.api.direct import DirectRoute, hot
-from app.server.api.responses import json_response, readiness
 from app.server.api.v2 import rules
 from app.server.api.v2.http import codec, openapi
-from app.server.worker import Worker
+from app.server.dataplane import DataPlane
+from app.server.http.body import read_body
+from app.server.http.direct import DirectRoute, hot
+from app.server.http.responses import json_response, readiness
 
 router = APIRouter(tags=["v2"], route_class=DirectRoute)  # no dependency solving
 
@@ -45,56 +45,56 @@ async def server_metadata() -> Response:
 
 # Declared before /v2/models/{name}, which would otherwise take "stats" for a model name (as in Triton).
 @router.get("/v2/models/stats", **openapi.V2_ALL_STATS)
-async def all_model_stats(worker: Worker) -> Response:
+async def all_model_stats(plane: DataPlane) -> Response:
     """Triton statistics of every model."""
-    return json_response(worker.model_statistics())
+    return json_response(plane.statistics())
 
 
 @router.get("/v2/models/{name}", **openapi.V2_METADATA)
-async def model_metadata(name: str, worker: Worker) -> Response:
+async def model_metadata(name: str, plane: DataPlane) -> Response:
     """Inputs, outputs, datatypes and shapes (-1 = any size; layernorm's [-1] input takes any rank >= 1)."""
-    return json_response(worker.metadata(name))
+    return json_response(plane.metadata(name))
 
 
 @router.get("/v2/models/{name}/versions/{version}", **openapi.V2_METADATA)
-async def model_version_metadata(name: str, version: str, worker: Worker) -> Response:
-    return json_response(worker.metadata(name, version))
+async def model_version_metadata(name: str, version: str, plane: DataPlane) -> Response:
+    return json_response(plane.metadata(name, version))
 
 
 @router.get("/v2/models/{name}/ready", **openapi.V2_READY)
-async def model_ready(name: str, worker: Worker) -> Response:
+async def model_ready(name: str, plane: DataPlane) -> Response:
     """200 when the model is known and the server ready (verified, not draining); 503 otherwise."""
-    return readiness(worker.admission, {"name": worker.model(name).name})
+    return readiness(plane.admission, {"name": plane.model(name).name})
 
 
 @router.get("/v2/models/{name}/versions/{version}/ready", **openapi.V2_READY)
-async def model_version_ready(name: str, version: str, worker: Worker) -> Response:
-    return readiness(worker.admission, {"name": worker.model(name, version).name})
+async def model_version_ready(name: str, version: str, plane: DataPlane) -> Response:
+    return readiness(plane.admission, {"name": plane.model(name, version).name})
 
 
 @router.post("/v2/models/{name}/infer", **openapi.V2_INFER)
 @hot
-async def infer(name: str, request: Request, worker: Worker) -> Response:
+async def infer(name: str, request: Request, plane: DataPlane) -> Response:
     """Infer with JSON or binary tensors (Inference-Header-Content-Length), gzip/deflate either way."""
-    return await _infer(request, worker, worker.model(name))
+    return await _infer(request, plane, name)
 
 
 @router.post("/v2/models/{name}/versions/{version}/infer", **openapi.V2_INFER)
 @hot
-async def infer_version(name: str, version: str, request: Request, worker: Worker) -> Response:
-    return await _infer(request, worker, worker.model(name, version))
+async def infer_version(name: str, version: str, request: Request, plane: DataPlane) -> Response:
+    return await _infer(request, plane, name, version)
 
 
 @router.get("/v2/models/{name}/stats", **openapi.V2_STATS)
-async def model_stats(name: str, worker: Worker) -> Response:
+async def model_stats(name: str, plane: DataPlane) -> Response:
     """Triton statistics of one model, each version serving: counts and cumulative ns per stage, executions per
     batch size."""
-    return json_response(worker.model_statistics(name))
+    return json_response(plane.statistics(name))
 
 
 @router.get("/v2/models/{name}/versions/{version}/stats", **openapi.V2_STATS)
-async def model_version_stats(name: str, version: str, worker: Worker) -> Response:
-    return json_response(worker.model_statistics(name, version))
+async def model_version_stats(name: str, version: str, plane: DataPlane) -> Response:
+    return json_response(plane.statistics(name, version))
 
 
 # Triton's shared-memory routes (status, register and unregister, of one region or all): 400 naming the extension.
@@ -108,10 +108,10 @@ async def cuda_shared_memory(path: str) -> Response:
     raise ExtensionNotSupported(rules.SHARED_MEMORY["cudasharedmemory"])
 
 
-async def _infer(request: Request, worker: Worker, model: Model) -> Response:
-    headers = request.headers
-    infer = codec.InferCodec(model, worker.settings, headers.get(codec.HEADER_LENGTH), headers.get("accept-encoding"))
-    return _response(await worker.serve(infer, read_body(request, worker.settings)))
+async def _infer(request: Request, plane: DataPlane, name: str, version: str | None = None) -> Response:
+    headers, settings = request.headers, plane.settings
+    infer = codec.InferCodec(name, version, settings, headers.get(codec.HEADER_LENGTH), headers.get("accept-encoding"))
+    return _response(await plane.infer(infer, read_body(request, settings)))
 
 
 def _response(out: codec.EncodedResponse) -> Response:

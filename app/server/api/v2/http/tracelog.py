@@ -17,9 +17,9 @@ from starlette.responses import Response
 
 from app.errors import MalformedBody
 from app.server.api.admin import check_token
-from app.server.api.body import read_body
-from app.server.api.direct import DirectRoute
-from app.server.api.responses import json_response
+from app.server.http.body import read_body
+from app.server.http.direct import DirectRoute
+from app.server.http.responses import json_response
 from app.server.telemetry import logsettings, tracing
 from app.server.worker import Worker
 
@@ -58,13 +58,13 @@ async def update_trace_setting(request: Request, worker: Worker) -> Response:
 async def model_trace_setting(name: str, request: Request, worker: Worker) -> Response:
     """One model's trace settings: its own values, else the server-wide ones."""
     _authorized(request, worker)
-    return json_response(tracing.STATE.settings.get(worker.model(name).name))
+    return json_response(tracing.STATE.settings.get(worker.plane.model(name).name))
 
 
 @router.post("/v2/models/{name}/trace/setting")
 async def update_model_trace_setting(name: str, request: Request, worker: Worker) -> Response:
     _authorized(request, worker)
-    model = worker.model(name).name
+    model = worker.plane.model(name).name
     return json_response(tracing.STATE.settings.update(await _changes(request, worker), model))
 
 

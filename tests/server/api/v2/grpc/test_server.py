@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from app.server import group
 from app.server.api.v2.grpc import server
 from app.server.api.v2.grpc.health import HealthService
 from app.server.api.v2.grpc.service import InferenceService
@@ -143,7 +145,9 @@ def test_a_port_taken_by_another_program_fails_start_up() -> None:
             async with server.serving(worker):
                 pass
 
-        with pytest.raises(RuntimeError):
+        where = f"127.0.0.1:{taken.getsockname()[1]}"
+        message = f"cannot listen for gRPC on {where} (in use, or not an address of this host); choose another with "
+        with pytest.raises(group.PortTaken, match=re.escape(message + group.ENV_HINT)):
             asyncio.run(lifespan())
 
 

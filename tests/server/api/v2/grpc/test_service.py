@@ -26,8 +26,10 @@ from tritonclient.utils import InferenceServerException
 
 from app import __version__
 from app.core import reference
+from app.core.model import Model
 from app.core.runtime import Runtime
 from app.errors import Timeout
+from app.server.dataplane import INLINE_BODY_BYTES
 from app.server.worker import Worker
 from app.settings import Settings
 from benchmarks.servers import ensure_peer_venv, peer_venv
@@ -35,6 +37,7 @@ from tests.live_server import MODELS as MODEL_DIR
 from tests.live_server import ROOT
 from tests.server import prometheus
 from tests.server.api.v2.grpc.live import ADMIN, GrpcServer
+from tests.server.stages import Stages
 
 ENCODERS = ["encoder", "encoder-preln"]
 MODELS = ["encoder", "encoder-preln", "layernorm"]
@@ -575,6 +578,12 @@ def test_mlservers_grpc_converters_send_eps_as_a_string_that_is_read_as_a_number
 # ---- the effective timeout: min(NORMSERVE_REQUEST_TIMEOUT_S, the client's remaining deadline) ---------------
 
 
+def sleeping(_: bytes) -> tuple[Model, Any, None]:
+    """A decode stage that outlasts every bound the test sets: the request is answered before it returns."""
+    time.sleep(0.5)
+    raise AssertionError("the request was answered at its bound, before this stage ended")
+
+
 @pytest.mark.parametrize(
     ("timeout_s", "deadline_s", "message"),
     [
@@ -591,6 +600,6 @@ def test_an_inference_ends_at_the_sooner_of_the_timeout_and_the_clients_deadline
     worker.admission.ready = True
     started = time.monotonic()
     with pytest.raises(Timeout) as e:
-        anyio.run(lambda: worker.run(lambda: time.sleep(0.5), deadline_s=deadline_s))
+        anyio.run(lambda: worker.plane.infer(Stages(sleeping, size=INLINE_BODY_BYTES + 1), b"", deadline_s=deadline_s))
     assert e.value.message == message
     assert time.monotonic() - started < 0.4  # it answered at the deadline, not when the work ended

@@ -4,12 +4,12 @@
   once this one's body has arrived, so uvicorn keeps reading it, and its keep-alive timer restarts with
   every byte: a client that trickled the body of a request answered without reading it (a 404, a 405, a
   GET with a body, a 413 from Content-Length) held its socket for ever, measured. The routes that read
-  bodies stop at NORMSERVE_BODY_TIMEOUT_S (app/server/api/body.py) and their 408 goes out through here too.
+  bodies stop at NORMSERVE_BODY_TIMEOUT_S (app/server/http/body.py) and their 408 goes out through here too.
 - A 503 sent while the worker drains: the worker is about to close its connections, and a client that sent
   its next request on this one just before got no answer at all (3 of 60 requests just after SIGTERM).
 - Any 500: uvicorn closes the connection after an unexpected error, and a client that was not told so
   failed its next, unrelated request. (Starlette's ServerErrorMiddleware answers outside this middleware:
-  app/server/api/errors.py `unexpected` adds the header to that 500 itself.)
+  app/server/http/errors.py `unexpected` adds the header to that 500 itself.)
 
 `Connection: close` on an answer makes uvicorn close the socket once the answer is sent, and tells the client.
 """

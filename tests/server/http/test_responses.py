@@ -1,4 +1,4 @@
-"""app/server/api/responses.py: JSON answers serialized by orjson, and the readiness answer of a worker's admission."""
+"""app/server/http/responses.py: JSON answers serialized by orjson, and the readiness answer of a worker's admission."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from app.server.admission import Admission
-from app.server.api.responses import json_response, readiness
+from app.server.http.responses import json_response, readiness
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""app/server/hotpath.py: the inference routes answered outside FastAPI's stack give the answers the stack gives.
+"""app/server/http/hotpath.py: the inference routes answered outside FastAPI's stack give the answers the stack gives.
 
 One app, its worker started in process; each request goes once through the hot path and once through FastAPI
 (the app's FastAPI entry), and the two answers (status, headers, body), access lines and metrics must match.
@@ -19,9 +19,9 @@ from prometheus_client import REGISTRY
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.server.api.direct import DirectRoute, hot
 from app.server.app import create_app
-from app.server.hotpath import NormserveApp
+from app.server.http.direct import DirectRoute, hot
+from app.server.http.hotpath import NormserveApp
 from app.settings import Settings
 from tests.live_server import MODELS
 from tests.server.log_records import captured
@@ -135,7 +135,7 @@ def test_an_unexpected_error_is_the_same_500_with_the_request_id(
         body.close()  # the body's read, never awaited
         raise RuntimeError("a bug on the hot path")
 
-    monkeypatch.setattr(app.state.worker, "serve", broken)
+    monkeypatch.setattr(app.state.worker.plane, "infer", broken)
     logging.getLogger("normserve.errors").disabled = True  # the traceback is expected: keep the output clean
     try:
         fast = answer(app, True, "POST", "/normalize", JSON, b'{"data": [[1.0, 2.0]]}')

@@ -11,13 +11,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.errors import RETRY_AFTER_S, NormserveError, status_for
+from app.errors import RETRY_AFTER_S, NormserveError, printable, status_for
 from app.server.api.openai import codec as openai_codec
-from app.server.api.responses import json_response
+from app.server.http.responses import json_response
 from app.server.telemetry import observability
 
 log = logging.getLogger("normserve.errors")
-MESSAGE_LIMIT = 1000  # characters of an error message; longer ones (a huge field name echoed) are cut
 
 
 def is_v2(request: Request) -> bool:
@@ -42,14 +41,6 @@ def error_response(request: Request, exc: NormserveError) -> Response:
     if status == 401:
         headers = {"WWW-Authenticate": 'Bearer realm="normserve"'}  # RFC 6750: the scheme the route expects
     return json_response(body(request, exc.message, status, exc.field), status_code=status, headers=headers)
-
-
-def printable(message: str, limit: int = MESSAGE_LIMIT) -> str:
-    """Messages echo client text (field names, values): escape what is not printable, and bound the length."""
-    if not message.isprintable():
-        # Control, bidi and zero-width characters could disguise the message in a terminal or a log viewer.
-        message = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in message)
-    return message if len(message) <= limit else message[: limit - 1] + "…"
 
 
 async def _domain(request: Request, exc: Exception) -> Response:

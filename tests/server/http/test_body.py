@@ -1,4 +1,4 @@
-"""app/server/api/body.py and the limits behind it: every limit (spec 5, issue 5) answers 413/422 (400 on V2) naming
+"""app/server/http/body.py and the limits behind it: every limit (spec 5, issue 5) answers 413/422 (400 on V2) naming
 the limit and its NORMSERVE_ setting. Backpressure and the timeout are the Worker's (tests/server/test_worker.py)."""
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.core import reference
-from app.server.api.direct import DirectRoute, hot
 from app.server.api.v2.http.routes import STREAM_BYTES
+from app.server.http.direct import DirectRoute, hot
 
 
 @pytest.mark.parametrize("rows", [600, 2])
@@ -71,7 +71,7 @@ async def _marked(name: str, request: Request) -> Response:
 
 @pytest.mark.parametrize(("endpoint", "is_hot"), [(_fine, False), (hot(_marked), True)], ids=["plain", "marked-hot"])
 def test_direct_route_passes_path_parameters_and_the_request(endpoint: Any, is_hot: bool) -> None:
-    """The `@hot` mark is on the route (for app/server/hotpath.py) and changes nothing else of it."""
+    """The `@hot` mark is on the route (for app/server/http/hotpath.py) and changes nothing else of it."""
     router = APIRouter(route_class=DirectRoute)
     router.add_api_route("/things/{name}", endpoint, methods=["POST"])
     (route,) = router.routes

@@ -3,11 +3,11 @@
 FastAPI 0.165 walks every included router, its telemetry hooks and an AsyncExitStack before a route runs:
 with Starlette's middleware stack that was ~0.1 ms of CPU per small request, about as much as the
 computation itself (cProfile of /normalize (1,8,64), scripts/server_cpu.py). The routes marked `@hot`
-(app/server/api/direct.py) need none of it: `NormserveApp` matches them without regexes and runs them
+(app/server/http/direct.py) need none of it: `NormserveApp` matches them without regexes and runs them
 through a chain built as Starlette's `build_middleware_stack` builds its stack, from the same lists and
 at the same moment: ServerErrorMiddleware (the app's 500 handler) -> each of `app.user_middleware`,
 outermost first -> ExceptionMiddleware (the app's error table) -> the route's DirectRoute handler. So
-every answer is the one the stack gives (tests/server/test_hotpath.py compares them), middleware added
+every answer is the one the stack gives (tests/server/http/test_hotpath.py compares them), middleware added
 before the app starts runs on the hot routes too, and adding one after is Starlette's RuntimeError.
 FastAPI's own layers are left out: its telemetry (off unless an OpenTelemetry provider is set globally),
 its exit stack (for uploaded files, which no hot route takes) and its body limit (refused if set).
@@ -26,7 +26,7 @@ from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.requests import Request
 from starlette.types import ASGIApp, ExceptionHandler, Receive, Scope, Send
 
-from app.server.api.direct import DirectRoute
+from app.server.http.direct import DirectRoute
 
 
 class Template:

@@ -4,7 +4,8 @@ uvicorn (0.54) closes no connection that has not sent a whole request head: 1,10
 nothing, or half a head, held a worker's file descriptors until every request and probe failed. Neither
 of its parsers bounds a head either: httptools took 20.5 s of the event loop to parse one 128 MiB header
 (and h11 answers a 16 KiB one with a 400). `guarded(cls, settings)` subclasses the protocol uvicorn chose
-(httptools or h11; the lifespan installs it through drain.server_config) with:
+(httptools or h11; `normserve serve` names GuardedHttpToolsProtocol in uvicorn's Config, and for a bare
+`uvicorn app.main:app` the lifespan installs it through drain.server_config) with:
 
 - the head deadline, NORMSERVE_HEADER_TIMEOUT_S: a connection whose request head is not complete within it,
   from the connection or from the head's first byte, is closed (between requests, uvicorn's keep-alive
@@ -19,14 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 from typing import Any
 
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from app.server.admission import connection_limit
 from app.settings import Settings
 
 log = logging.getLogger("normserve.connections")
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers; Node's default is 16 KiB, nginx's 32 KiB (4 x 8k)
-FD_RESERVE = 64  # descriptors never given to HTTP connections: model files, logs, the listening sockets
 _431 = b'{"error":"headers: the request head exceeds 65536 bytes"}'
 TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
@@ -34,16 +37,9 @@ TOO_LARGE = (
 )
 
 
-def connection_limit(settings: Settings) -> int:
-    """NORMSERVE_MAX_CONNECTIONS, within half of the descriptors left after FD_RESERVE (RLIMIT_NOFILE)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return settings.max_connections
-    return max(1, min(settings.max_connections, (soft - FD_RESERVE) // 2))
-
-
 class HeadGuard:
-    """Mixed in before uvicorn's HttpToolsProtocol or H11Protocol, whose attributes it reads."""
+    """Mixed in before uvicorn's HttpToolsProtocol or H11Protocol, whose attributes it reads
+    (app/server/compat.py's PROTOCOL_ATTRIBUTES and CYCLE_ATTRIBUTES, tested on the uvicorn installed)."""
 
     header_timeout_s: float
     max_connections: int
@@ -55,7 +51,7 @@ class HeadGuard:
     _head_of: Any = None  # the cycle the head being counted follows (None: the connection's first head)
     _head_timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._arm()
         if len(self.connections) > self.max_connections:
@@ -108,6 +104,29 @@ class HeadGuard:
             self.transport.close()
 
 
+class GuardedHttpToolsProtocol(HeadGuard, HttpToolsProtocol):
+    """uvicorn's httptools protocol guarded, as `normserve serve` names it in uvicorn's Config (`http=`, PROTOCOL)."""
+
+
+class GuardedH11Protocol(HeadGuard, H11Protocol):
+    """uvicorn's h11 protocol guarded."""
+
+
+GUARDED = (GuardedHttpToolsProtocol, GuardedH11Protocol)
+# Config's public `http=` takes an import string: each worker process (spawned) imports the class itself.
+PROTOCOL = f"{GuardedHttpToolsProtocol.__module__}:{GuardedHttpToolsProtocol.__qualname__}"
+
+
+def configure(settings: Settings) -> None:
+    """The limits of the guarded protocols from a worker's settings (the lifespan's, before the first connection)."""
+    for cls in GUARDED:
+        cls.header_timeout_s = settings.header_timeout_s
+        cls.max_connections = connection_limit(settings)
+
+
+configure(Settings())  # a worker's own NORMSERVE_* settings until its lifespan configures them
+
+
 def guarded(protocol: type[Any], settings: Settings) -> type[Any]:
     """uvicorn's HTTP protocol class with HeadGuard in front, bound to the settings (the same class if guarded)."""
     if issubclass(protocol, HeadGuard):
@@ -119,7 +138,9 @@ def guarded(protocol: type[Any], settings: Settings) -> type[Any]:
 def install(config: Any, settings: Settings) -> None:
     """Guard the HTTP protocol a uvicorn Config creates from now on; h11's own head limit made larger than ours.
 
-    A Config not loaded (a Server that serves nothing, as in tests) has no protocol to guard yet."""
+    The fallback for a bare `uvicorn app.main:app`, whose Config the lifespan finds (app/server/compat.py):
+    `normserve serve` names PROTOCOL in its Config. A Config not loaded (a Server that serves nothing, as in
+    tests) has no protocol to guard yet."""
     protocol = getattr(config, "http_protocol_class", None)
     if protocol is None:
         return

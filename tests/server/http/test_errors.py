@@ -1,5 +1,5 @@
-"""app/server/api/errors.py: every error becomes {"error": message} with its status, which differs on REST and V2
-routes for invalid input; messages are printable and bounded; an unexpected error is a bare 500 with the request's
+"""app/server/http/errors.py: every error becomes {"error": message} with its status, which differs on REST and V2
+routes for invalid input; messages are printable and bounded (app/errors.py's `printable`); an unexpected error is a bare 500 with the request's
 X-Request-ID and no traceback, which goes to the log instead.
 
 Over the live server where real requests raise the error; in process, on the real app with a few routes added,
@@ -20,6 +20,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import (
+    MESSAGE_LIMIT,
     InvalidInput,
     MalformedBody,
     ModelNotFound,
@@ -30,7 +31,6 @@ from app.errors import (
     Timeout,
     UnsupportedMediaType,
 )
-from app.server.api.errors import MESSAGE_LIMIT, printable
 from app.server.app import create_app
 from app.settings import Settings
 from tests.live_server import MODELS
@@ -213,36 +213,6 @@ def test_another_http_exception_keeps_its_status_detail_and_headers(app: FastAPI
 
 
 # ---- printable, bounded messages -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("message", "shown"),
-    [
-        ("eps: expected a finite number > 0, got -1.0", "eps: expected a finite number > 0, got -1.0"),
-        ("caf\u00e9 \u00fc \u4e2d", "caf\u00e9 \u00fc \u4e2d"),  # printable beyond ASCII stays as it is
-        ("\u202edata: unknown field", "\\u202edata: unknown field"),  # bidi override
-        ("zero\u200bwidth", "zero\\u200bwidth"),
-        ("line\nbreak\ttab\r", "line\\nbreak\\ttab\\r"),
-        ("nul\x00 and bell\x07", "nul\\x00 and bell\\x07"),
-    ],
-    ids=["plain", "non-ascii", "bidi", "zero-width", "whitespace", "control"],
-)
-def test_printable_escapes_what_could_disguise_a_message(message: str, shown: str) -> None:
-    assert printable(message) == shown
-
-
-@pytest.mark.parametrize(
-    ("message", "limit", "shown"),
-    [
-        ("k" * MESSAGE_LIMIT, MESSAGE_LIMIT, "k" * MESSAGE_LIMIT),
-        ("k" * 10_000, MESSAGE_LIMIT, "k" * (MESSAGE_LIMIT - 1) + "\u2026"),
-        ("abcdef", 4, "abc\u2026"),
-        ("\u202e" * 10, 20, "\\u202e" * 3 + "\\\u2026"),  # bounded after escaping, even mid-escape
-    ],
-    ids=["at-the-limit", "over-the-limit", "own-limit", "escaped-then-cut"],
-)
-def test_printable_bounds_the_length(message: str, limit: int, shown: str) -> None:
-    assert printable(message, limit) == shown and len(shown) <= limit
 
 
 def test_a_domain_error_echoing_client_text_answers_it_escaped_and_bounded(app: FastAPI) -> None:

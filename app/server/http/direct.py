@@ -2,7 +2,7 @@
 
 FastAPI solves every route's dependencies per request, ~110 us of CPU on a 5.6 KiB /normalize
 whose own work is ~160 us (measured in process; docs/benchmarks.md). The routes only ever need
-the request, its path parameters and the app's Worker, so this route class binds those by
+the request, its path parameters and the app's data plane or Worker, so this route class binds those by
 parameter name when the route is created and skips the machinery per request. There is no
 `Depends` anywhere, so nothing suggests that `app.dependency_overrides` would apply: a test
 that wants another worker builds an app with `create_app(settings)`.
@@ -21,10 +21,12 @@ from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
-# Endpoint parameters a DirectRoute fills, besides path parameters: the request and the app's Worker.
+# Endpoint parameters a DirectRoute fills, besides path parameters: the request, the app's Worker (the repository's
+# routes) and its data plane (inference, metadata, statistics).
 _SOURCES: dict[str, Callable[[Request], Any]] = {
     "request": lambda request: request,
     "worker": lambda request: request.app.state.worker,
+    "plane": lambda request: request.app.state.worker.plane,
 }
 
 
@@ -46,7 +48,7 @@ _HOT = "normserve_hot"  # the mark `hot` leaves on an endpoint, read when its Di
 
 
 def hot(endpoint: Endpoint) -> Endpoint:
-    """Marks an endpoint, under its route's decorator, for app/server/hotpath.py: answered outside FastAPI's router."""
+    """Marks an endpoint, under its route's decorator, for app/server/http/hotpath.py: answered outside the router."""
     endpoint.__dict__[_HOT] = True
     return endpoint
 
@@ -62,7 +64,7 @@ class DirectRoute(APIRoute):
         self.direct_endpoint = endpoint
         self.hot: bool = endpoint.__dict__.get(_HOT, False)
         super().__init__(path, _openapi_view(endpoint), **kwargs)
-        # The request -> response function alone, for app/server/hotpath.py, which calls it outside any router.
+        # The request -> response function alone, for app/server/http/hotpath.py, which calls it outside any router.
         self.direct_handler = self.get_route_handler()
 
     # HEAD is answered as GET, as Starlette's own routes do (probes and load balancers send HEAD /v2/health/live):

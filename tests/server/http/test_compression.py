@@ -1,4 +1,4 @@
-"""app/server/api/compression.py: the encoding an Accept-Encoding asks for; gzip and deflate streams zlib reads."""
+"""app/server/http/compression.py: the encoding an Accept-Encoding asks for; gzip and deflate streams zlib reads."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from app.server.api.compression import WBITS, choose_encoding, compress
+from app.server.http.compression import WBITS, choose_encoding, compress
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""app/server/connections.py: an answer sent before its request's body ended, a 500 and a draining 503 carry
+"""app/server/http/connections.py: an answer sent before its request's body ended, a 500 and a draining 503 carry
 `Connection: close`.
 
 In process, through the middleware's ASGI interface; tests/suites/test_http_abuse.py and
@@ -15,7 +15,7 @@ import pytest
 from starlette.types import Message, Receive, Scope, Send
 
 from app.server.admission import Admission
-from app.server.connections import CloseUnreadBodies, has_body
+from app.server.http.connections import CloseUnreadBodies, has_body
 
 
 @pytest.mark.parametrize(

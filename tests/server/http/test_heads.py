@@ -1,16 +1,13 @@
-"""app/server/heads.py: uvicorn's protocol classes guarded with the settings' limits, the connection limit within the
-process's descriptors. On real sockets, both parsers: tests/suites/test_connection_limits.py."""
+"""app/server/http/heads.py: uvicorn's protocol classes guarded with the settings' limits. On real sockets, both parsers: tests/suites/test_connection_limits.py."""
 
 from __future__ import annotations
-
-import resource
 
 import pytest
 from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.server import heads
+from app.server.http import heads
 from app.settings import Settings
 
 
@@ -30,14 +27,6 @@ def test_install_guards_the_protocol_uvicorn_chose_and_lets_h11_read_heads_up_to
     assert issubclass(config.http_protocol_class, H11Protocol)
     assert issubclass(config.http_protocol_class, heads.HeadGuard)
     assert config.h11_max_incomplete_event_size > heads.MAX_HEAD_BYTES
-
-
-@pytest.mark.parametrize("setting", [1, 10, 10**9])
-def test_the_connection_limit_is_the_setting_within_half_the_free_descriptors(setting: int) -> None:
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    expected = setting if soft == resource.RLIM_INFINITY else max(1, min(setting, (soft - heads.FD_RESERVE) // 2))
-    assert heads.connection_limit(Settings(max_connections=setting)) == expected
-    assert heads.connection_limit(Settings(max_connections=setting)) <= setting
 
 
 def test_the_431_answer_is_json_with_its_exact_length() -> None:

@@ -8,7 +8,7 @@ import zlib
 from starlette.requests import ClientDisconnect, Request
 
 from app.errors import BodyTimeout, MalformedBody, PayloadTooLarge, UnsupportedMediaType
-from app.server.api.compression import WBITS
+from app.server.http.compression import WBITS
 from app.settings import Settings
 
 
