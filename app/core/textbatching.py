@@ -15,18 +15,23 @@ error reaches a caller. The thread ends once idle, so a retired version leaves n
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from app.core.model import Loaded
+from app.core.dataplane import Fields
+from app.core.model import Loaded, TensorSpec
 from app.core.textencoder import TextEncoderModel, TextInput, TextOutput
+from app.errors import InvalidInput
 
 Stats = list[tuple[str, np.ndarray, np.ndarray]]  # (LayerNorm, mean, std) over one text's own tokens
+TEXT = "text"  # the Open Inference Protocol's BYTES input of texts
 IDLE_S = 1.0  # a batching thread with nothing queued this long ends (the next request starts another)
 
 
@@ -146,6 +151,16 @@ class TextBatcher:
                     item.error = e
 
 
+def _integers(arr: np.ndarray, name: str) -> np.ndarray:
+    """Token inputs as int64: JSON's numbers arrive as float64, each of which must be a whole number."""
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64, copy=False)
+    whole = np.isfinite(arr) & (np.mod(arr, 1) == 0) & (np.abs(arr) < 2**53)
+    if not whole.all():
+        raise InvalidInput(f"{arr[~whole][0]!r} is not a whole number; expected INT64 token ids", name)
+    return arr.astype(np.int64)
+
+
 @dataclass(frozen=True)
 class Pooled(TextInput):
     """A request's texts to be pooled with concurrent requests' (the routes' requests; V2's run as sent)."""
@@ -159,6 +174,46 @@ class PooledTextEncoder(TextEncoderModel):
         super().__init__(loaded)
         s = loaded.settings
         self.pool = TextBatcher(self, s.text_batch_tokens, s.batch_delay_us, loaded.in_flight or (lambda: 1))
+        # Over the Open Inference Protocol: `text` as BYTES, or the tokens themselves.
+        tokens = tuple(dataclasses.replace(spec, optional=True) for spec in self.inputs)
+        self.inputs = (TensorSpec(TEXT, ("BYTES",), (-1,), optional=True), *tokens)
+
+    def check_tensors(self, tensors: Mapping[str, np.ndarray], f: Fields) -> None:
+        """`text` alone, or input_ids and attention_mask (and token_type_ids where the model takes them)."""
+        tokens = [t.name for t in self.inputs[1:]]
+        if TEXT in tensors and len(tensors) > 1:
+            raise InvalidInput(f"send text or the token inputs ({', '.join(tokens)}), not both", f"inputs.{TEXT}")
+        if TEXT not in tensors and not all(name in tensors for name in tokens[:2]):
+            raise InvalidInput(
+                f"expected {TEXT} (BYTES), or {' and '.join(tokens[:2])} (INT64) for model {self.name!r}", "inputs"
+            )
+
+    def from_tensors(
+        self, tensors: Mapping[str, np.ndarray], params: Mapping[str, Any], f: Fields, dtype: str = "FP32"
+    ) -> TextInput:
+        """The texts tokenized as served, or the token ids each checked; the hidden states computed too, as
+        every output is sent when none is named."""
+        if TEXT in tensors:
+            request = self.tokenize(list(tensors[TEXT].reshape(-1)), f"inputs.{TEXT}")
+        else:
+            request = self._from_token_tensors(tensors)
+        return dataclasses.replace(request, hidden_states=True)
+
+    def _from_token_tensors(self, tensors: Mapping[str, np.ndarray]) -> TextInput:
+        tensors = {name: _integers(arr, f"inputs.{name}") for name, arr in tensors.items()}
+        ids, mask = tensors["input_ids"], tensors["attention_mask"]
+        for name, arr in tensors.items():
+            if arr.ndim != 2 or arr.shape != ids.shape:
+                raise InvalidInput(
+                    f"shape {list(arr.shape)}; expected [batch, seq] as input_ids {list(ids.shape)}", f"inputs.{name}"
+                )
+        real = mask != 0
+        request = self.from_ids([row[keep].tolist() for row, keep in zip(ids, real, strict=True)], "inputs.input_ids")
+        given = tensors.get("token_type_ids")
+        if given is not None and request.token_type_ids is not None:
+            for i, (row, keep) in enumerate(zip(given, real, strict=True)):
+                request.token_type_ids[i, : int(keep.sum())] = row[keep]
+        return request
 
     def infer(self, request: TextInput) -> TextOutput:
         if not isinstance(request, Pooled):
