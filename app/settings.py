@@ -91,10 +91,11 @@ class Settings(BaseSettings):
     max_request_tokens: int = Field(
         300_000, ge=1, description="Text encoders: most tokens (special ones included) of one request's texts."
     )
-    # 8192 padded tokens: all-MiniLM-L6-v2's attention for 32 texts of 256 tokens is 12 x 32 x 256 x 256 x 4 bytes,
-    # 100 MB, so 8 such requests at once stay inside a 1 GiB worker (app/core/textbatching.py).
+    # 4096 padded tokens: a run of all-MiniLM-L6-v2 holds ~56 KiB per token at its peak (16 texts of 256 tokens:
+    # 425 MiB of the process against 197 MiB idle; 32 texts: 661 MiB), and a pooled run may overlap one request
+    # run alone, so 8 requests of 256 texts of 256 tokens stay under a 1 GiB worker (tests/server/api/openai).
     text_batch_tokens: int = Field(
-        8192, ge=1, description="Text encoders: texts run in groups of similar length of at most this many tokens."
+        4096, ge=1, description="Text encoders: texts run in groups of similar length of at most this many tokens."
     )
     log_level: Annotated[Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(_lower)] = Field(
         "info", description="Log level: debug, info, warning, error, critical."

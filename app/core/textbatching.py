@@ -67,6 +67,7 @@ class _Pending:
     request: TextInput
     embeddings: np.ndarray  # B,C, filled group by group
     stats: list[Stats]
+    layer_norms: bool = True  # whether its caller reads each text's LayerNorm statistics
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
 
@@ -80,8 +81,9 @@ def _run_groups(model: TextEncoderModel, pending: Sequence[_Pending], budget: in
         out = model.infer(stack([(p.request, i) for p, i in members], model.config.pad_token_id))
         for j, (p, i) in enumerate(members):
             p.embeddings[i] = out.sentence_embedding[j]
-            n = p.request.tokens[i]
-            p.stats[i] = [(name, mean[j, :n], std[j, :n]) for name, mean, std in out.layer_norms]
+            if p.layer_norms:  # copies: a view would hold the whole group's statistics for the request's life
+                n = p.request.tokens[i]
+                p.stats[i] = [(name, mean[j, :n].copy(), std[j, :n].copy()) for name, mean, std in out.layer_norms]
 
 
 class TextBatcher:
@@ -100,7 +102,8 @@ class TextBatcher:
         """The embeddings (B,C) and each text's LayerNorm statistics, blocking until its groups have run."""
         model = self._model()
         assert model is not None  # the caller holds it
-        item = _Pending(request, np.empty((len(request.tokens), model.config.hidden_size), np.float32), [])
+        embeddings = np.empty((len(request.tokens), model.config.hidden_size), np.float32)
+        item = _Pending(request, embeddings, [], getattr(request, "layer_norms", True))
         item.stats = [[] for _ in request.tokens]
         if self._in_flight() <= 1:  # alone in the worker: nothing to pool with, so no hand-off
             _run_groups(model, [item], self.budget)
@@ -165,6 +168,8 @@ def _integers(arr: np.ndarray, name: str) -> np.ndarray:
 class Pooled(TextInput):
     """A request's texts to be pooled with concurrent requests' (the routes' requests; V2's run as sent)."""
 
+    layer_norms: bool = False  # each text's LayerNorm statistics in the answer (0 where not asked)
+
 
 class PooledTextEncoder(TextEncoderModel):
     """The text-encoder kind as served: a Pooled request runs through the version's TextBatcher, and answers
@@ -221,7 +226,7 @@ class PooledTextEncoder(TextEncoderModel):
         embeddings, stats = self.pool.run(request)
         shape = request.input_ids.shape
         layer_norms = []
-        for k, name in enumerate(self.layer_norms):
+        for k, name in enumerate(self.layer_norms if request.layer_norms else ()):
             mean, std = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
             for i, text in enumerate(stats):
                 n = len(text[k][1])

@@ -146,7 +146,9 @@ def decode_embeddings(params: EmbeddingsParams, model: Model, settings: Settings
     dimensions = dimensions_of(encoder, params.dimensions)
     tokens = tokens_of(encoder, params.input, params.truncate)
     check_total(tokens, settings)
-    request = Pooled(tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)
+    request = Pooled(
+        tokens.input_ids, tokens.attention_mask, tokens.token_type_ids, layer_norms=params.return_layer_norms
+    )
     return request, Wire(params.model, params.encoding_format, dimensions, params.return_layer_norms)
 
 
