@@ -18,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.core.test_textencoder import MAX_LEN, TEXTS, USER_ATOL, USER_COSINE, cosines, users_model
 from tests.live_server import MODELS, live_server
 
 torch = pytest.importorskip("torch")
@@ -25,18 +26,8 @@ transformers = pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 
 MODEL_TYPES = ("bert", "roberta")
-MAX_LEN = 24
 WIDTH = 32  # tests/textmodels.py's hidden size
-USER_ATOL, USER_COSINE = 2e-5, 0.99999  # against the user's model (API.md section 12)
 MAX_REQUEST_TOKENS = 2000
-TEXTS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Café naïve façade, déjà vu!",
-    "東京は日本の首都です。",
-    "Emoji 🙂 too",
-    "a b",
-    " ".join(["this sentence goes on past the maximum length"] * 6),
-]
 
 
 @pytest.fixture(scope="module")
@@ -69,19 +60,6 @@ def client(base: str) -> Any:
     return openai.OpenAI(base_url=f"{base}/v1", api_key="any key", max_retries=0)
 
 
-def users_model(repository: Path, model_type: str, texts: list[str]) -> np.ndarray:
-    """The user's model on its own tokenizer's ids, with sentence-transformers' default pooling: the mean."""
-    folder = repository / "hf" / model_type
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    batch = tokenizer(texts, padding=True, truncation=True, max_length=MAX_LEN, return_tensors="pt")
-    model = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
-    with torch.no_grad():
-        hidden = model(**batch).last_hidden_state
-    mask = batch["attention_mask"].unsqueeze(-1).float()
-    pooled: np.ndarray = ((hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)).numpy()
-    return pooled
-
-
 def embed(base: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(f"{base}/v1/embeddings", json=body, timeout=60)
 
@@ -96,10 +74,9 @@ def test_the_openai_client_gets_the_users_model(
     answer = client(base).embeddings.create(model=model_type, input=TEXTS, **kwargs)
     got = np.array([d.embedding for d in answer.data])
     theirs = users_model(repository, model_type, TEXTS)
-    cosine = (got * theirs).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(theirs, axis=1)
     assert got.shape == (len(TEXTS), WIDTH)
     assert [d.index for d in answer.data] == list(range(len(TEXTS)))
-    assert np.abs(got - theirs).max() <= USER_ATOL and cosine.min() >= USER_COSINE
+    assert np.abs(got - theirs).max() <= USER_ATOL and cosines(got, theirs).min() >= USER_COSINE
     tokenizer = transformers.AutoTokenizer.from_pretrained(repository / "hf" / model_type)
     tokens = sum(len(ids) for ids in tokenizer(TEXTS, truncation=True, max_length=MAX_LEN)["input_ids"])
     assert (answer.model, answer.usage.prompt_tokens, answer.usage.total_tokens) == (model_type, tokens, tokens)
