@@ -111,6 +111,16 @@ class Settings(BaseSettings):
     batch_max_size: int = Field(8, ge=1, description="Dynamic batching: most requests merged into one run (1 = off).")
     batch_delay_us: int = Field(2000, ge=0, description="Dynamic batching: how long a batch waits to fill.")
     batch_max_seq_len: int = Field(64, ge=1, description="Dynamic batching: longer sequences are never merged.")
+    # OpenAI's own limit on inputs is 2048 per request; the tokens bound what one request may cost a worker.
+    max_request_tokens: int = Field(
+        300_000, ge=1, description="Text encoders: most tokens (special ones included) of one request's texts."
+    )
+    # 4096 padded tokens: a run of all-MiniLM-L6-v2 holds ~56 KiB per token at its peak (16 texts of 256 tokens:
+    # 425 MiB of the process against 197 MiB idle; 32 texts: 661 MiB), and a pooled run may overlap one request
+    # run alone, so 8 requests of 256 texts of 256 tokens stay under a 1 GiB worker (tests/server/api/openai).
+    text_batch_tokens: int = Field(
+        4096, ge=1, description="Text encoders: texts run in groups of similar length of at most this many tokens."
+    )
     log_level: Annotated[Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(_lower)] = Field(
         "info", description="Log level: debug, info, warning, error, critical."
     )

@@ -28,11 +28,11 @@ from app.core.encoder import EncoderModel
 from app.core.layernorm import LayerNormModel
 from app.core.model import Loaded, Model, ModelLoadError, RunObserver, check_graph, describe, verify, version_sha256
 from app.core.repository import MANIFEST, MODEL_FILE, Policy, Repository, check_name, check_version
-from app.core.textencoder import TextEncoderModel
+from app.core.textbatching import PooledTextEncoder
 from app.errors import ModelNotFound
 from app.settings import Settings
 
-KINDS: dict[str, type[Model]] = {cls.kind: cls for cls in (LayerNormModel, EncoderModel, TextEncoderModel)}
+KINDS: dict[str, type[Model]] = {cls.kind: cls for cls in (LayerNormModel, EncoderModel, PooledTextEncoder)}
 
 
 class State(StrEnum):

@@ -17,6 +17,7 @@ from app.core import heap
 from app.server import group, modelsync
 from app.server.api import docs, health, openapi, playground
 from app.server.api import metrics as metrics_api
+from app.server.api.openai import routes as openai_api
 from app.server.api.rest import routes as rest
 from app.server.api.v2.grpc import server as grpc_server
 from app.server.api.v2.http import repository, tracelog
@@ -117,7 +118,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BudgetMiddleware)  # request bodies counted in NORMSERVE_MAX_INFLIGHT_BYTES as they are read
     app.add_middleware(ObservabilityMiddleware)  # pure ASGI: request ids, request metrics, the JSON log line
     app.add_middleware(CloseUnreadBodies)  # an answer sent before its request's body ended closes the connection
-    for router in (rest.router, health.router, v2.router, repository.router, tracelog.router, metrics_api.router):
+    for router in (
+        rest.router,
+        health.router,
+        v2.router,
+        repository.router,
+        tracelog.router,
+        metrics_api.router,
+        openai_api.router,
+    ):
         app.include_router(router)
     playground.install(app)  # GET / and /static
     docs.install(app)  # GET /docs and /docs/assets

@@ -221,14 +221,16 @@ def test_bad_input_is_refused_naming_it(
 def test_metadata_and_config_describe_the_token_inputs(runtime: Runtime, model_type: str, token_types: bool) -> None:
     model = served(runtime, model_type)
     inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if token_types else [])
-    assert model.metadata["inputs"] == [{"name": n, "datatype": "INT64", "shape": [-1, -1]} for n in inputs]
+    text = {"name": "text", "datatype": "BYTES", "shape": [-1]}  # texts, or the tokens (app/core/textbatching.py)
+    assert model.metadata["inputs"] == [text, *({"name": n, "datatype": "INT64", "shape": [-1, -1]} for n in inputs)]
     outputs = ["sentence_embedding", "last_hidden_state"]
     outputs += [f"{n}.{s}" for n in textreference.layer_norm_names(model.config) for s in ("mean", "std")]
     assert [t["name"] for t in model.metadata["outputs"]] == outputs
     assert model.metadata["outputs"][0] == {"name": "sentence_embedding", "datatype": "FP32", "shape": [-1, 32]}
     config = to_json(model_config(model))
     assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == [
-        (n, "TYPE_INT64", [-1, -1]) for n in inputs
+        ("text", "TYPE_STRING", [-1]),
+        *((n, "TYPE_INT64", [-1, -1]) for n in inputs),
     ]
 
 
@@ -335,11 +337,9 @@ def test_serving_imports_neither_torch_nor_transformers(repository: Path) -> Non
 
 
 def test_routes_that_cannot_serve_a_text_encoder_answer_4xx_naming_the_kinds(repository: Path, tmp_path: Path) -> None:
-    """Open Inference Protocol inference over HTTP and gRPC (whose metadata describes the token inputs), /normalize
-    and /encode: each refuses a text encoder by name, never with a 5xx."""
+    """/normalize and /encode refuse a text encoder by name, never with a 5xx; the Open Inference Protocol over
+    HTTP and gRPC (whose metadata describes the token inputs) serves its INT64 token ids."""
     import tritonclient.grpc as tg
-    import tritonclient.http as th
-    from tritonclient.utils import InferenceServerException
 
     env = {"NORMSERVE_MODEL_DIR": str(repository / "models")}
     tokens = np.array([[2, 5, 3]], dtype=np.int64)
@@ -349,36 +349,26 @@ def test_routes_that_cannot_serve_a_text_encoder_answer_4xx_naming_the_kinds(rep
             {"name": n, "datatype": "INT64", "shape": [1, 3], "data": [2, 5, 3]}
             for n in ("input_ids", "attention_mask")
         ]
-        http_v2 = httpx.post(f"{base}/v2/models/roberta/infer", json={"inputs": v2}, timeout=30)
+        http_v2 = httpx.post(
+            f"{base}/v2/models/roberta/infer", json={"inputs": v2, "outputs": [{"name": "sentence_embedding"}]}
+        )
         normalize = httpx.post(f"{base}/normalize", json={"model": "bert", "data": [[1.0, 2.0]]}, timeout=30)
         encode = httpx.post(f"{base}/encode", json={"model": "bert", "data": [[[1.0] * 32]]}, timeout=30)
         client = tg.InferenceServerClient(server.address)
         try:
             metadata = client.get_model_metadata("roberta", as_json=True)
             inputs = []
-            for name in ("input_ids", "attention_mask"):
+            for name, arr in (("input_ids", tokens), ("attention_mask", np.ones_like(tokens))):
                 inputs.append(tg.InferInput(name, [1, 3], "INT64"))
-                inputs[-1].set_data_from_numpy(tokens)
-            with pytest.raises(InferenceServerException) as grpc_v2:
-                client.infer("roberta", inputs)
+                inputs[-1].set_data_from_numpy(arr)
+            grpc_v2 = client.infer("roberta", inputs).as_numpy("sentence_embedding")
         finally:
             client.close()
-        binary = th.InferenceServerClient(base.removeprefix("http://"))
-        try:
-            inputs = []
-            for name in ("input_ids", "attention_mask"):
-                inputs.append(th.InferInput(name, [1, 3], "INT64"))
-                inputs[-1].set_data_from_numpy(tokens, binary_data=True)
-            with pytest.raises(InferenceServerException) as http_binary:
-                binary.infer("roberta", inputs)
-        finally:
-            binary.close()
-    message = "model 'roberta' is of kind text-encoder; inference over the Open Inference Protocol takes the kinds "
-    message += "layernorm and encoder"
-    assert (http_v2.status_code, http_v2.json()) == (400, {"error": f"model: {message}"})
-    assert (grpc_v2.value.status(), grpc_v2.value.message()) == ("StatusCode.INVALID_ARGUMENT", f"model: {message}")
-    assert (http_binary.value.status(), http_binary.value.message()) == ("400", f"model: {message}")
+    assert http_v2.status_code == 200
+    http_embedding = np.array(http_v2.json()["outputs"][0]["data"], dtype=np.float32)
+    np.testing.assert_allclose(http_embedding, grpc_v2.reshape(-1), rtol=0, atol=1e-6)
     assert [(t["name"], t["datatype"], t["shape"]) for t in metadata["inputs"]] == [
+        ("text", "BYTES", ["-1"]),
         ("input_ids", "INT64", ["-1", "-1"]),
         ("attention_mask", "INT64", ["-1", "-1"]),
     ]

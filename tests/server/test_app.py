@@ -62,6 +62,9 @@ ROUTES = [
     ("POST", "/v2/repository/models/{name}/load"),
     ("POST", "/v2/repository/models/{name}/unload"),
     ("GET", "/metrics"),
+    ("POST", "/v1/embeddings"),
+    ("GET", "/v1/models"),
+    ("POST", "/tokenize"),
 ]
 
 

@@ -42,6 +42,9 @@ STATUSES = {
     "POST /v2/repository/models/{name}/load": REPOSITORY_CONTROL,
     "POST /v2/repository/models/{name}/unload": REPOSITORY_CONTROL,
     "GET /metrics": [200],
+    "POST /v1/embeddings": [200, 400, 404, 408, 413, 415, 503, 504],  # 413: also past NORMSERVE_MAX_REQUEST_TOKENS
+    "GET /v1/models": [200],
+    "POST /tokenize": [200, 400, 404, 408, 413, 415, 503],
 }
 
 

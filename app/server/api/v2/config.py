@@ -22,7 +22,8 @@ _INT64_FIELDS = ("dims", "versions", "max_queue_delay_microseconds", "preferred_
 
 
 def _data_type(spec: TensorSpec) -> int:
-    value: int = mc.DataType.Value(f"TYPE_{spec.datatypes[0]}")
+    datatype = spec.datatypes[0]
+    value: int = mc.DataType.Value("TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}")  # Triton's name
     return value
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from app.core.tensors import DATATYPES
 
 _REF = "#/components/schemas/"
-# The protocol's tensor datatypes: Triton's numeric ones (app/core/tensors.py) and BYTES (strings, not served here).
+# The protocol's tensor datatypes: Triton's numeric ones (app/core/tensors.py) and BYTES (a text encoder's texts).
 DATATYPE = {"type": "string", "enum": [*DATATYPES, "BYTES"]}
 
 

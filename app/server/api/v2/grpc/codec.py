@@ -34,6 +34,7 @@ CONTENTS = {
     "FP16": "fp32_contents",
     "BF16": "fp32_contents",
     "INT64": "int64_contents",  # a text encoder's token ids
+    "BYTES": "bytes_contents",  # a text encoder's texts, UTF-8
 }
 RAW = "raw_input_contents"
 # Triton marks every stream response with it (true: no more responses to this request); client loops wait for it.
@@ -103,7 +104,7 @@ def _inputs(request: Any, model: Model, settings: Settings) -> tuple[dict[str, n
         tensors[spec.name] = _tensor(entry, spec, datatype, shape, raw[i] if raw else None)
         datatypes[spec.name] = datatype
     model.check_tensors(tensors, FIELDS)
-    return tensors, datatypes["input"]
+    return tensors, datatypes.get("input", "FP32")  # a text encoder's outputs are float32 (see the HTTP codec)
 
 
 def _tensor(entry: Any, spec: TensorSpec, datatype: str, shape: list[int], raw: bytes | None) -> np.ndarray:
@@ -120,6 +121,9 @@ def _tensor(entry: Any, spec: TensorSpec, datatype: str, shape: list[int], raw: 
         raise InvalidInput(f"{others[0]} cannot hold {datatype}; expected {typed}", f"{field}.contents")
     values = getattr(entry.contents, typed)
     rules.check_count(len(values), shape, f"{field}.contents.{typed}")
+    if datatype == "BYTES":
+        texts = [rules.utf8(v, f"{field}[{i}]") for i, v in enumerate(values)]
+        return np.array(texts, dtype=object).reshape(shape)
     arr = np.array(values, dtype=DATATYPES["FP32" if datatype in HALF_DTYPES else datatype]).reshape(shape)
     return rules.from_numbers(arr, datatype, field)
 

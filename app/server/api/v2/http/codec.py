@@ -145,7 +145,9 @@ def _inputs(
             "binary_data_size",
         )
     model.check_tensors(tensors, FIELDS)
-    return tensors, datatypes["input"]
+    # Outputs are sent in the datatype of `input` unless asked otherwise; a text encoder's inputs are tokens or
+    # text, and its outputs float32.
+    return tensors, datatypes.get("input", "FP32")
 
 
 def _tensor(
@@ -158,6 +160,8 @@ def _tensor(
     if "binary_data_size" not in params:
         if "data" not in entry:
             raise InvalidInput("expected `data`, or parameters.binary_data_size with binary data", field)
+        if datatype == "BYTES":
+            return _strings(entry["data"], shape, f"{field}.data"), datatype, 0
         return _from_json(entry["data"], datatype, shape, field, settings, may_hold_bools), datatype, 0
     if "data" in entry:
         raise InvalidInput("has both `data` and parameters.binary_data_size; send one", field)
@@ -188,6 +192,17 @@ def _from_json(
     )
     rules.check_count(arr.size, shape, f"{field}.data")
     return rules.from_numbers(arr.reshape(shape), datatype, field)
+
+
+def _strings(data: Any, shape: list[int], field: str) -> np.ndarray:
+    """A BYTES tensor in JSON: a flat list of strings (as tritonclient sends it), each element a text."""
+    if not isinstance(data, list):
+        raise InvalidInput(f"{shown(data)}; expected a list of strings", field)
+    for i, item in enumerate(data):
+        if not isinstance(item, str):
+            raise InvalidInput(f"{shown(item)}; expected a string", f"{field}[{i}]")
+    rules.check_count(len(data), shape, field)
+    return np.array(data, dtype=object).reshape(shape)
 
 
 def _requested_outputs(
