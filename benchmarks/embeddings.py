@@ -173,14 +173,19 @@ class Floor:
         return np.asarray(pooled / np.linalg.norm(pooled, axis=1, keepdims=True), dtype=np.float32)
 
 
-def served_embed(model_dir: Path, name: str) -> Callable[[Sequence[str]], np.ndarray]:
-    """normserve's text-encoder model kind, loaded as the server loads it (one intra-op thread): tokenize, infer."""
+def served_models(model_dir: Path) -> dict[str, Any]:
+    """normserve's text-encoder models of the repository, loaded (and warmed up) once as the server loads them, at
+    one intra-op thread."""
     from app.core.runtime import Runtime
     from app.settings import Settings
 
     runtime = Runtime(Settings(model_dir=model_dir, intra_op_threads=1))
     runtime.load()
-    model: Any = runtime.get(name)
+    return {name: runtime.get(name) for name in ("minilm", "minilm-int8") if (model_dir / name).is_dir()}
+
+
+def served_embed(model: Any) -> Callable[[Sequence[str]], np.ndarray]:
+    """The model kind's own path: tokenize, infer (pooling and normalization in the graph)."""
 
     def embed(batch: Sequence[str]) -> np.ndarray:
         return np.asarray(model.infer(model.tokenize(batch)).sentence_embedding)
@@ -214,14 +219,8 @@ def lone_p50(embed: Callable[[Sequence[str]], np.ndarray], text: str, n: int) ->
     return statistics.median(times)
 
 
-def stage_profile(model_dir: Path, name: str, groups: list[list[str]]) -> dict[str, float]:
+def stage_profile(model: Any, groups: list[list[str]]) -> dict[str, float]:
     """Where normserve's in-process time goes per sentence, ms: tokenizer, onnxruntime (the graph pools)."""
-    from app.core.runtime import Runtime
-    from app.settings import Settings
-
-    runtime = Runtime(Settings(model_dir=model_dir, intra_op_threads=1))
-    runtime.load()
-    model: Any = runtime.get(name)
     tokenize = infer = 0.0
     n = 0
     for group in groups:
@@ -310,7 +309,8 @@ def request(running: Running, group: Sequence[str]) -> Request:
 def answer(running: Running, group: Sequence[str]) -> tuple[int, np.ndarray | None]:
     """One request through httpx: its status, and its embeddings when 200."""
     url = running.server.base + running.path
-    response = httpx.post(url, content=request(running, group).body, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    response = httpx.post(url, content=request(running, group).body, headers=headers, timeout=120)
     if response.status_code != 200:
         return response.status_code, None
     data = sorted(response.json()["data"], key=lambda d: d["index"])
@@ -431,9 +431,10 @@ def embeddings_section(plan: EmbeddingsPlan, log: Callable[[str], None]) -> dict
     want = np.concatenate([floor.embed(g) for g in groups])
     affinity = os.sched_getaffinity(0)
     inprocess: dict[str, Callable[[Sequence[str]], np.ndarray]] = {FLOOR: floor.embed}
-    inprocess[INPROCESS] = served_embed(repo, "minilm")
+    models = served_models(repo)
+    inprocess[INPROCESS] = served_embed(models["minilm"])
     if INPROCESS_INT8 not in skipped:
-        inprocess[INPROCESS_INT8] = served_embed(repo, "minilm-int8")
+        inprocess[INPROCESS_INT8] = served_embed(models["minilm-int8"])
     names = list(plan.servers) + ([NORMSERVE_INT8] if NORMSERVE in plan.servers and plan.quantize else [])
     if INFINITY in names:
         why = ensure_infinity(log)
@@ -491,7 +492,11 @@ def embeddings_section(plan: EmbeddingsPlan, log: Callable[[str], None]) -> dict
         finally:
             os.sched_setaffinity(0, affinity)
         rss = {name: servers.memory_kib(srv.server.pid).get("VmRSS", 0) * 1024 for name, srv in running.items()}
-    profile = stage_profile(repo, "minilm", groups)
+    os.sched_setaffinity(0, {server_core})
+    try:
+        profile = stage_profile(models["minilm"], groups)
+    finally:
+        os.sched_setaffinity(0, affinity)
     return {
         "server_cpu": server_core,
         "load_cpu": load_core,
@@ -549,7 +554,7 @@ def goals(e: dict[str, Any]) -> list[list[str]]:
         None if ours is None else ours / best,
         GOAL_VS_BEST,
         None if ours is None else ours / best >= GOAL_VS_BEST,
-        e["skipped"].get(NORMSERVE, ""),
+        e["skipped"].get(NORMSERVE, "not in this run"),
     )
     lone = short.get(NORMSERVE)
     verdict(
@@ -557,7 +562,7 @@ def goals(e: dict[str, Any]) -> list[list[str]]:
         None if lone is None else lone / short[FLOOR],
         GOAL_SHORT,
         None if lone is None else lone / short[FLOOR] <= GOAL_SHORT,
-        e["skipped"].get(NORMSERVE, ""),
+        e["skipped"].get(NORMSERVE, "not in this run"),
     )
     for fp32, int8 in ((NORMSERVE, NORMSERVE_INT8), (INPROCESS, INPROCESS_INT8)):
         a, b = rate_of.get(fp32), rate_of.get(int8)
@@ -566,7 +571,7 @@ def goals(e: dict[str, Any]) -> list[list[str]]:
             None if a is None or b is None else b / a,
             GOAL_INT8,
             None if a is None or b is None else b / a >= GOAL_INT8,
-            e["skipped"].get(int8, e["skipped"].get(fp32, "")),
+            e["skipped"].get(int8, e["skipped"].get(fp32, "not in this run")),
         )
     out.append(
         [f"{LABELS[INPROCESS]} against the floor, in process", f"{rate_of[INPROCESS] / rate_of[FLOOR]:.2f}x", "-"]
