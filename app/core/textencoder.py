@@ -122,6 +122,7 @@ class TextEncoderModel(Model):
             *(TensorSpec(name, FLOAT, (-1, -1)) for name in self.output_names[2:]),
         )
         self._loaded = loaded  # the weights are read when the reference runs, not held for the version's life
+        self.quantization: dict[str, Any] | None = entry.get("quantization")  # app/export/textquantize.py
 
     def weights(self) -> dict[str, np.ndarray]:
         """weights.npz, read afresh: only the warm-up and validation run the reference."""
@@ -239,11 +240,29 @@ class TextEncoderModel(Model):
     def warm_up(self) -> tuple[float, float]:
         """The built-in texts, the longest alone (cut at max_seq_length, so the graph runs that long; the others
         not padded to it): the sentence embedding's figure, and a ModelLoadError if another is past its own."""
+        if self.quantization is not None:
+            return self.warm_up_quantized(float(self.quantization["cosine_min"]))
         figures = self.check(WARM_UP_TEXTS[:-1], WARM_UP_TEXTS[-1:])
         for what, (diff, atol) in figures.items():
             if not diff <= atol:
                 raise ModelLoadError(f"{self.path}: parity warm-up failed, {what} max abs diff {diff:.3g} > {atol:.3g}")
         return figures["embedding"]
+
+    def warm_up_quantized(self, cosine_min: float) -> tuple[float, float]:
+        """An INT8 graph keeps the cosine its export checked, not float32's digits: each warm-up text's embedding
+        against the float64 reference, (1 - the worst cosine, 1 - its bound)."""
+        weights, worst = self.weights(), 1.0
+        for texts in (WARM_UP_TEXTS[:-1], WARM_UP_TEXTS[-1:]):
+            request = self.tokenize(texts)
+            got = self.infer(request).sentence_embedding.astype(np.float64)
+            ref = textreference.encode(
+                weights, self.config, request.input_ids, request.attention_mask, request.token_type_ids
+            ).sentence_embedding
+            cos = (got * ref).sum(axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))
+            worst = min(worst, float(cos.min()))
+        if not worst >= cosine_min:
+            raise ModelLoadError(f"{self.path}: INT8 warm-up failed, worst cosine {worst:.5f} < {cosine_min}")
+        return 1.0 - worst, 1.0 - cosine_min
 
 
 def load_tokenizer(loaded: Loaded, config: TextConfig) -> tokenizers.Tokenizer:

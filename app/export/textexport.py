@@ -20,7 +20,7 @@ import onnxruntime as ort
 from app.core.repository import MODEL_FILE, WEIGHTS_FILE
 from app.core.textencoder import TextInput
 from app.core.textreference import TextConfig
-from app.export import builds, graph, textgraph, textparity, textsource, versions
+from app.export import builds, graph, textgraph, textparity, textquantize, textsource, versions
 from app.export.builds import ParityError
 from app.export.exporter import Exported, check_opset, commit_version, writing
 
@@ -40,10 +40,12 @@ def export_text_encoder(
     check_texts: Path | None = None,
     version: int | None = None,
     opset: int = 18,
+    quantize: str | None = None,
     progress: Progress | None = None,
 ) -> Exported:
     """The folder at hf as version `version` of name (default: the next); pooling, normalize and max_seq_length
-    override the folder's. Nothing lands unless every check holds."""
+    override the folder's; quantize "int8" quantizes the checked graph (textquantize.py). Nothing lands unless every
+    check holds."""
     say = progress or (lambda _message: None)
     check_opset(opset)
     source = textsource.read(Path(hf))
@@ -72,6 +74,10 @@ def export_text_encoder(
             name, source, head, batch, tokens, session, wrapper, weights, config, tolerance, say
         )
         manifest["parity"]["tokenizer"] = checked
+        if quantize is not None:  # after every FP32 parity: what is quantized is the checked graph
+            fp32 = textparity.run(session, tokens)["sentence_embedding"]
+            manifest["quantization"] = textquantize.quantize(folder, tokens, fp32, name)
+            say(f"quantized {name} to {quantize}: worst cosine {manifest['quantization']['worst_cosine_vs_fp32']:.5f}")
         manifest["source"] = {"class": type(model).__name__, "sentence_transformers": source.sentence_transformers}
         say(f"exported and checked {name} in {time.perf_counter() - started:.1f} s")
         return commit_version(root, name, folder, manifest, version)
