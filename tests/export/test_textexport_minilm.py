@@ -11,7 +11,6 @@ import pytest
 
 from app.core.textreference import TextConfig
 from app.export.exporter import Exported
-from app.export.textexport import export_text_encoder
 from app.export.textparity import COSINE_MIN, REFERENCE_ATOL, served_tokens
 from app.export.textsource import Head
 
@@ -28,8 +27,8 @@ UNSEEN = ["A man is eating food.", "Ein Mann isst Essen.", "男人在吃东西�
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> Exported:
-    return export_text_encoder(tmp_path_factory.mktemp("minilm") / "models", "minilm", minilm.get_model_path())
+def exported(minilm_export: Exported) -> Exported:
+    return minilm_export
 
 
 def test_the_manifest_has_the_folders_head_and_every_layer_norm(exported: Exported) -> None:

