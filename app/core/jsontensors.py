@@ -12,7 +12,7 @@ and the callers then take the orjson path, whose checks write every error messag
 verdict it gives itself is a key repeated in one object (app/core/jsonkeys.py), which orjson
 cannot see. A ragged array of many short rows of numbers is the exception that costs: as lists
 it took 2 s to name (a million rows of two), so its text names its first wrong row
-(tensors.text_row_problem, in the words the codec's own check uses) and the codec refuses it.
+(rowshape.text_row_problem, in the words the codec's own check uses) and the codec refuses it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import orjson
 import simdjson
 
 from app.core.jsonkeys import STRING_TOKEN, duplicate_key
-from app.core.tensors import Ragged, collector_paused, text_row_problem
+from app.core.rowshape import Ragged, skeleton, text_row_problem
+from app.core.tensors import collector_paused
 
 Path = tuple[str | int, ...]
 
@@ -166,7 +167,7 @@ def _tensor(node: simdjson.Array, lists: list[int]) -> _Tensor | _Lists | Ragged
         structure = text.translate(None, _NUMBER_CHARS)
         # An empty list leaves what a list of one number leaves: "[]" (minified, and with no strings in an array
         # that matched, it can only be one)
-        if structure != _skeleton(shape) or (shape[-1] == 1 and b"[]" in text):
+        if structure != skeleton(shape) or (shape[-1] == 1 and b"[]" in text):
             # Numbers, brackets and commas only: a ragged array of numbers, named from its text
             problem = None if structure.translate(None, b"[],") else text_row_problem(text, shape)
             if problem is None:
@@ -210,14 +211,6 @@ def _rows_fit(node: simdjson.Array, shape: list[int]) -> bool:
 def _minified(node: simdjson.Array) -> bytes:
     text: bytes | str = node.mini  # bytes at run time (pysimdjson 7), though its stub says str
     return text if isinstance(text, bytes) else text.encode()
-
-
-def _skeleton(shape: list[int]) -> bytes:
-    """The minified text of a rectangular array of that shape with its numbers deleted: [[,],[,]] for [2, 2]."""
-    item = b""
-    for size in reversed(shape):
-        item = b"[" + (item + b",") * (size - 1) + item + b"]"
-    return item
 
 
 def _count_open_brackets(body: bytes | bytearray | memoryview) -> int:

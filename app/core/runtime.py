@@ -15,11 +15,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 import onnxruntime as ort
 
@@ -29,36 +27,11 @@ from app.core.layernorm import LayerNormModel
 from app.core.model import Loaded, Model, ModelLoadError, RunObserver, check_graph, describe, verify, version_sha256
 from app.core.repository import MANIFEST, MODEL_FILE, Policy, Repository, check_name, check_version
 from app.core.textbatching import PooledTextEncoder
+from app.core.versionstate import IndexRow, State, VersionState
 from app.errors import ModelNotFound
 from app.settings import Settings
 
 KINDS: dict[str, type[Model]] = {cls.kind: cls for cls in (LayerNormModel, EncoderModel, PooledTextEncoder)}
-
-
-class State(StrEnum):
-    """A version's state in the repository index, as Triton names them."""
-
-    READY = "READY"
-    UNAVAILABLE = "UNAVAILABLE"
-    LOADING = "LOADING"
-    UNLOADING = "UNLOADING"
-
-
-@dataclass(frozen=True)
-class VersionState:
-    """What the Runtime holds of each version it tried: its state, and why (not READY, or on older files)."""
-
-    state: State
-    reason: str = ""
-
-
-class IndexRow(NamedTuple):
-    """One version in the repository index; the protocols write it as their wire's row."""
-
-    name: str
-    version: int
-    state: State
-    reason: str
 
 
 class VersionEvents:

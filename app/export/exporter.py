@@ -115,10 +115,8 @@ def export_encoder(
         manifest["source"] = source
         if check is not None:
             session = ort.InferenceSession(str(folder / MODEL_FILE), providers=["CPUExecutionProvider"])
-            manifest["check"] = checks.check_encoder(session, check, tolerance)
-            say(
-                f"check {name}: {manifest['check']['max_abs_diff']:.1e} from {check.output} (tolerance {tolerance:.0e})"
-            )
+            record = manifest["check"] = checks.check_encoder(session, check, tolerance)
+            say(f"check {name}: {record['max_abs_diff']:.1e} from {check.output} (tolerance {tolerance:.0e})")
         return commit_version(root, name, folder, manifest, None)
 
 

@@ -133,18 +133,7 @@ def _text_encoder_parser() -> argparse.ArgumentParser:
         "pytorch_model.bin, loaded weights-only), tokenizer.json; modules.json, 1_Pooling/config.json and "
         "sentence_bert_config.json where present",
     )
-    head = parser.add_argument_group("the head: read from the folder unless given")
-    head.add_argument(
-        "--max-sequence-length",
-        type=int,
-        help="tokens a text is truncated to (default: sentence_bert_config.json's "
-        "max_seq_length, else config.json's max_position_embeddings less RoBERTa's offset)",
-    )
-    head.add_argument("--pooling", choices=POOLINGS, help="default: 1_Pooling/config.json's mode; mean without it")
-    norm = head.add_mutually_exclusive_group()
-    norm.add_argument("--normalize", dest="normalize", action="store_const", const=True, help="L2-normalize")
-    norm.add_argument("--no-normalize", dest="normalize", action="store_const", const=False, help="do not")
-    parser.set_defaults(normalize=None)  # a Normalize module in modules.json, else none
+    _add_text_head(parser)
     parser.add_argument(
         "--tolerance",
         type=positive_float,
@@ -165,6 +154,23 @@ def _text_encoder_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18)")
     return parser
+
+
+def _add_text_head(parser: argparse.ArgumentParser) -> None:
+    """The flags of what follows the transformer (length, pooling, normalization): each None unless given, so
+    that the folder's sentence-transformers files decide, as the model was trained."""
+    head = parser.add_argument_group("the head: read from the folder unless given")
+    head.add_argument(
+        "--max-sequence-length",
+        type=int,
+        help="tokens a text is truncated to (default: sentence_bert_config.json's "
+        "max_seq_length, else config.json's max_position_embeddings less RoBERTa's offset)",
+    )
+    head.add_argument("--pooling", choices=POOLINGS, help="default: 1_Pooling/config.json's mode; mean without it")
+    norm = head.add_mutually_exclusive_group()
+    norm.add_argument("--normalize", dest="normalize", action="store_const", const=True, help="L2-normalize")
+    norm.add_argument("--no-normalize", dest="normalize", action="store_const", const=False, help="do not")
+    parser.set_defaults(normalize=None)  # a Normalize module in modules.json, else none
 
 
 def _kind_parser(kind: str, module: str, checkpoint: str) -> argparse.ArgumentParser:

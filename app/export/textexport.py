@@ -62,18 +62,11 @@ def export_text_encoder(
         proto, inputs, outputs = textgraph.to_onnx(wrapper, config, opset)
         manifest: dict[str, Any] = {"kind": "text-encoder", **graph.write_onnx(folder, proto), **builds.provenance()}
         session = graph.load_session(folder / MODEL_FILE, inputs, outputs)
-        weights = textgraph.weights(model)
-        graph.save_npz(folder / WEIGHTS_FILE, weights)
-        for file in textsource.TOKENIZER_FILES:
-            if (source.path / file).is_file():
-                shutil.copyfile(source.path / file, folder / file)
-        tokens, truncated = textparity.served_tokens(folder, batch, config, head)
-        checked = textparity.check_tokens(source.path, batch, tokens, head, truncated)
+        weights = _write_weights_and_tokenizer(folder, model, source)
+        tokens, checked = _served_tokens_checked(folder, source, batch, config, head)
         manifest |= {"config": source.config, **textsource.manifest_head(head), "layer_norms": wrapper.names}
-        manifest["parity"] = _parity(
-            name, source, head, batch, tokens, session, wrapper, weights, config, tolerance, say
-        )
-        manifest["parity"]["tokenizer"] = checked
+        parity = _parity(name, source, head, batch, tokens, session, wrapper, weights, config, tolerance, say)
+        manifest["parity"] = {**parity, "tokenizer": checked}
         if quantize is not None:  # after every FP32 parity: what is quantized is the checked graph
             fp32 = textparity.run(session, tokens)["sentence_embedding"]
             manifest["quantization"] = textquantize.quantize(folder, tokens, fp32, name)
@@ -81,6 +74,25 @@ def export_text_encoder(
         manifest["source"] = {"class": type(model).__name__, "sentence_transformers": source.sentence_transformers}
         say(f"exported and checked {name} in {time.perf_counter() - started:.1f} s")
         return commit_version(root, name, folder, manifest, version)
+
+
+def _write_weights_and_tokenizer(folder: Path, model: Any, source: textsource.TextSource) -> dict[str, np.ndarray]:
+    """The files the version serves with beside its graph: the base model's weights, and the folder's tokenizer
+    files, which the server tokenizes with. Returns the weights (parity compares the reference on them)."""
+    weights = textgraph.weights(model)
+    graph.save_npz(folder / WEIGHTS_FILE, weights)
+    for file in textsource.TOKENIZER_FILES:
+        if (source.path / file).is_file():
+            shutil.copyfile(source.path / file, folder / file)
+    return weights
+
+
+def _served_tokens_checked(
+    folder: Path, source: textsource.TextSource, batch: list[str], config: TextConfig, head: textsource.Head
+) -> tuple[TextInput, dict[str, Any]]:
+    """The parity texts as the server will tokenize them, and their check against the folder's own tokenizer."""
+    tokens, truncated = textparity.served_tokens(folder, batch, config, head)
+    return tokens, textparity.check_tokens(source.path, batch, tokens, head, truncated)
 
 
 def _parity(

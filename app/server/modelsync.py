@@ -22,12 +22,9 @@ applied (it unloaded every model, made the workers diverge, answered 500 or hung
 from __future__ import annotations
 
 import asyncio
-import errno
 import fcntl
-import json
 import logging
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,12 +34,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
-from app.core.repository import NAME, parse_policy
-from app.core.runtime import State, VersionState
-from app.errors import ModelLoadFailed, ModelNotFound, NotReady, shown
+from app.core.repository import parse_policy
+from app.core.versionstate import State, VersionState
+from app.errors import ModelLoadFailed, ModelNotFound, NotReady
 from app.server import group
 from app.server.control import LOAD_ERRORS, ModelControl
 from app.server.operations import busy
+from app.server.statefile import INVALID_ACK, STARTING, StateInvalid, checked, read_ack, read_state, write_state
 
 log = logging.getLogger("normserve.models")
 T = TypeVar("T")
@@ -52,87 +50,11 @@ LOCK_POLL_S = 0.02  # the server-wide lock is tried this often until the operati
 # A peer builds and warms up the same versions as the worker that answers, in about the same time (seconds);
 # one that has not applied a change after this long is stuck, and the answer says which.
 APPLY_TIMEOUT_S = 300.0
-STARTING = -1  # the generation a worker acknowledges until it has started
-INVALID_ACK = -2  # the generation of an acknowledgement that is not one: its worker counts as failed
-MAX_STATE_BYTES = 16 * 1024 * 1024  # a state of thousands of versions is a few hundred KiB
 INVALID = "the workers' shared model state ({}) is invalid: {}; no load or unload runs until the server restarts"
 
 
 class PeersFailed(ModelLoadFailed):
     """Workers of the server could not apply a generation: which, and why."""
-
-
-class StateInvalid(ValueError):
-    """A file of the shared folder that no worker of this module wrote: what is wrong with it."""
-
-
-def _write(path: Path, doc: dict[str, Any]) -> None:
-    """Written beside, then renamed: a reader sees the old file or the new one, never half of one. Created anew,
-    private, never through a link someone left in its place."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # the watcher writes too
-    tmp.unlink(missing_ok=True)  # left by a worker that died writing, whose pid this one reuses
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(doc))
-    os.replace(tmp, path)
-
-
-def _read(path: Path) -> Any | None:
-    """A file's JSON, None if it does not exist; StateInvalid for a link, a FIFO or anything not a regular file
-    (opened without blocking: a FIFO left in its place hung every worker that opened it), too large, or not JSON."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise StateInvalid("a symbolic link" if e.errno == errno.ELOOP else os.strerror(e.errno or 0)) from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise StateInvalid("not a regular file")
-        data = f.read(MAX_STATE_BYTES + 1)
-    if len(data) > MAX_STATE_BYTES:
-        raise StateInvalid(f"larger than {MAX_STATE_BYTES} bytes")
-    try:
-        return json.loads(data)
-    except ValueError:
-        raise StateInvalid("not JSON") from None
-
-
-def _generation_of(value: object, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise StateInvalid(f"generation: expected an integer >= {minimum}, got {shown(value)}")
-    return value
-
-
-def _versions(value: object) -> bool:
-    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value)
-
-
-def checked(doc: object) -> dict[str, Any]:
-    """The state document as a worker wrote it (generation, serving, policies, states), or StateInvalid naming
-    the first field that is not."""
-    if not isinstance(doc, dict) or set(doc) != {"generation", "serving", "policies", "states"}:
-        raise StateInvalid("expected an object of generation, serving, policies and states")
-    _generation_of(doc["generation"], 1)
-    serving, policies, states = doc["serving"], doc["policies"], doc["states"]
-    if not isinstance(serving, dict) or not all(NAME.fullmatch(n) and _versions(v) for n, v in serving.items()):
-        raise StateInvalid("serving: expected model names, each with a list of versions")
-    if not isinstance(policies, dict) or set(policies) - set(serving):
-        raise StateInvalid("policies: expected the policy of models that serve")
-    for name, policy in policies.items():
-        try:
-            parse_policy(policy, f"policies.{name}")
-        except ValueError as e:
-            raise StateInvalid(str(e)) from None
-    if not isinstance(states, dict):
-        raise StateInvalid("states: expected an object")
-    for key, value in states.items():
-        name, _, version = key.rpartition("/")
-        if not (NAME.fullmatch(name) and version.isascii() and version.isdigit()):
-            raise StateInvalid(f"states: expected keys model/version, got {shown(key)}")
-        if not (isinstance(value, list) and len(value) == 2 and value[0] in set(State) and isinstance(value[1], str)):
-            raise StateInvalid(f"states.{key}: expected [state, reason]")
-    return doc
 
 
 class ModelSync:
@@ -214,7 +136,7 @@ class ModelSync:
         whose generation went back) is logged and, if strict, refused with 503: applied, it would unload models or make
         the workers diverge; overwritten, it would hide that someone else writes there."""
         try:
-            raw = _read(self.folder / STATE)
+            raw = read_state(self.folder / STATE)
             doc = None if raw is None else checked(raw)
             # Only under the server-wide lock: between its own publish's two steps the watcher may see one older.
             if strict and doc is not None and doc["generation"] < self.applied:
@@ -292,7 +214,7 @@ class ModelSync:
             doc = self._document(generation)
             self.applied = generation
             self._ack(generation)
-            _write(self.folder / STATE, doc)
+            write_state(self.folder / STATE, doc)
         self._wait(generation, name)
 
     def _next_generation(self) -> int:
@@ -301,7 +223,7 @@ class ModelSync:
         doc = self._current(strict=True)
         if doc is not None:
             return int(doc["generation"]) + 1
-        return max([self.applied, *(self._ack_of(path)[0] for path in self.folder.glob("worker-*.json"))]) + 1
+        return max([self.applied, *(read_ack(path)[0] for path in self.folder.glob("worker-*.json"))]) + 1
 
     def _wait(self, generation: int, name: str) -> None:
         """Until every live worker of the server has applied `generation`; ModelLoadFailed names those that did not."""
@@ -321,18 +243,6 @@ class ModelSync:
                 )
             time.sleep(0.02)
 
-    def _ack_of(self, path: Path) -> tuple[int, str | None]:
-        """A worker's acknowledgement: (generation, error); an invalid one counts as a worker that failed."""
-        try:
-            doc = _read(path)
-            if doc is None:
-                return STARTING, None
-            if not isinstance(doc, dict) or not (doc.get("error") is None or isinstance(doc["error"], str)):
-                raise StateInvalid("expected an object of generation and error")
-            return _generation_of(doc.get("generation"), STARTING), doc.get("error")
-        except StateInvalid as e:
-            return INVALID_ACK, f"its acknowledgement is invalid: {e}"
-
     def _behind(self, generation: int) -> tuple[list[int], list[str]]:
         """The live workers that have not applied `generation` yet, and what those that failed to said."""
         late, failed = [], []
@@ -341,7 +251,7 @@ class ModelSync:
             if not group.alive(pid):
                 path.unlink(missing_ok=True)  # a worker that died; its replacement registers anew
                 continue
-            acked, error = self._ack_of(path)
+            acked, error = read_ack(path)
             if error and (acked >= generation or acked == INVALID_ACK):
                 failed.append(f"worker {pid} could not apply it: {error}")
             elif acked < generation:
@@ -350,7 +260,7 @@ class ModelSync:
 
     def _ack(self, generation: int, error: str | None = None) -> None:
         if self.member:
-            _write(self.folder / f"worker-{os.getpid()}.json", {"generation": generation, "error": error})
+            write_state(self.folder / f"worker-{os.getpid()}.json", {"generation": generation, "error": error})
 
     def leave(self) -> None:
         """At shutdown, or after a failed start: an operation no longer waits for this worker."""

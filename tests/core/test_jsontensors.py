@@ -10,7 +10,8 @@ import orjson
 import pytest
 
 from app.core import jsontensors
-from app.core.tensors import Ragged, decode_json_tensor, to_finite_float
+from app.core.rowshape import Ragged
+from app.core.tensors import decode_json_tensor, to_finite_float
 from app.errors import InvalidInput
 
 

@@ -14,8 +14,9 @@ import pytest
 from app.core.encoder import EncoderModel
 from app.core.layernorm import WARM_UP_ATOL, LayerNormModel
 from app.core.model import ModelLoadError
-from app.core.runtime import KINDS, IndexRow, Runtime, State, VersionState, session_options
+from app.core.runtime import KINDS, Runtime, session_options
 from app.core.textencoder import TextEncoderModel
+from app.core.versionstate import IndexRow, State, VersionState
 from app.errors import InvalidInput, ModelNotFound
 from app.settings import Settings
 from tests.conftest import DEFAULT_MODELS

@@ -18,7 +18,8 @@ from app.core import reference
 from app.core.dataplane import EncodeInput, NormalizeInput
 from app.core.encoder import EncoderModel
 from app.core.model import ModelLoadError, sha256_of
-from app.core.runtime import Runtime, State
+from app.core.runtime import Runtime
+from app.core.versionstate import State
 from app.errors import ModelControlDisabled, ModelLoadFailed, ModelNotFound
 from app.server.control import ModelControl
 from app.settings import Settings

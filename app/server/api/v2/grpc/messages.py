@@ -14,7 +14,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from app import __version__
 from app.core.model import Model
-from app.core.runtime import IndexRow, State
+from app.core.versionstate import IndexRow, State
 from app.server.api.v2 import config
 
 # Triton's extensions this transport implements (binary_tensor_data is HTTP's: gRPC tensors are raw anyway).

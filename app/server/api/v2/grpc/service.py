@@ -179,8 +179,6 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
         streams of 48 MiB messages took a worker to +2.3 GiB (issue 37, D6). One the budget has no room for is
         answered with the refusal, as in-stream errors are. With nothing in flight for NORMSERVE_STREAM_IDLE_S, the
         stream ends."""
-        settings = self.worker.settings
-        idle_late = BodyTimeout(f"no request within {settings.stream_idle_s:g} s (NORMSERVE_STREAM_IDLE_S)", "stream")
         computing: set[asyncio.Task[Any]] = set()
         idle_since = [time.monotonic()]
         incoming = aiter(requests)
@@ -193,12 +191,7 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
         try:
             while True:
                 await window.acquire()
-                arriving = asyncio.ensure_future(anext(incoming, None))
-                while not (await asyncio.wait({arriving}, timeout=self._idle_left(computing, idle_since[0])))[0]:
-                    if not computing and time.monotonic() - idle_since[0] >= settings.stream_idle_s:
-                        arriving.cancel()
-                        raise idle_late
-                request = arriving.result()
+                request = await self._next_message(incoming, computing, idle_since)
                 if request is None:
                     break
                 body, refused = await self._count(request)
@@ -217,6 +210,19 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
             pass
         finally:
             answers.put_nowait(None)
+
+    async def _next_message(
+        self, incoming: AsyncIterator[Any], computing: set[asyncio.Task[Any]], idle_since: list[float]
+    ) -> Any:
+        """The stream's next message, None at its end; BodyTimeout once nothing was in flight for
+        NORMSERVE_STREAM_IDLE_S. idle_since[0] moves while it waits: an answer finishing restarts the idle clock."""
+        idle_s = self.worker.settings.stream_idle_s
+        arriving = asyncio.ensure_future(anext(incoming, None))
+        while not (await asyncio.wait({arriving}, timeout=self._idle_left(computing, idle_since[0])))[0]:
+            if not computing and time.monotonic() - idle_since[0] >= idle_s:
+                arriving.cancel()
+                raise BodyTimeout(f"no request within {idle_s:g} s (NORMSERVE_STREAM_IDLE_S)", "stream")
+        return arriving.result()
 
     def _idle_left(self, computing: set[asyncio.Task[Any]], idle_since: float) -> float:
         idle_s = self.worker.settings.stream_idle_s

@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.core.repository import check_name
-from app.core.runtime import State
 from app.core.tensors import loads
+from app.core.versionstate import State
 from app.errors import InvalidInput, shown
 from app.server.api.admin import check_token
 from app.server.api.v2 import config

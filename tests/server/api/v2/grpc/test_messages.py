@@ -9,7 +9,8 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from app import __version__
-from app.core.runtime import IndexRow, Runtime, State
+from app.core.runtime import Runtime
+from app.core.versionstate import IndexRow, State
 from app.server.api.v2.grpc import messages
 from app.server.telemetry.statistics import Statistics
 from app.server.telemetry.timer import InferTimer
