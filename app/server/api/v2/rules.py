@@ -23,7 +23,8 @@ from app.core.dataplane import Fields
 from app.core.halfprecision import HALF_DTYPES, narrow
 from app.core.model import STATISTICS_OF_HALF, Model, TensorSpec
 from app.core.tensors import DATATYPES, check_finite, check_shape, decode_binary
-from app.errors import ExtensionNotSupported, InvalidInput, MalformedBody, shown
+from app.errors import ExtensionNotSupported, InvalidInput, shown
+from app.server.api.v2 import strings
 from app.settings import Settings
 
 MISSPELT_RATIO = 0.6  # difflib's: "epsilon" vs "eps" is 0.6, "eps_mod" vs "eps_mode" 0.93, "content_type" vs "eps" 0.13
@@ -205,7 +206,9 @@ def from_raw(
     BOOL: any nonzero byte is true, as C and NumPy read a byte (perf_analyzer's random data sends any byte).
     A number tensor is a view of the raw bytes, no copy (peak RSS): the data plane's input checks and casts it."""
     if datatype == "BYTES":
-        return strings_from_raw(raw, spec, shape, field, size_name)
+        items = strings.from_raw(raw, field, f"inputs.{spec.name}")
+        check_count(len(items), shape, f"{field}.{size_name}")
+        return np.array(items, dtype=object).reshape(shape)
     arr = decode_binary(raw, datatype, shape, field, size_name)
     if datatype == "BOOL":
         truth: np.ndarray = arr.view(np.uint8) != 0  # a new array: the request's memory is not the data plane's
@@ -220,35 +223,6 @@ def check_shared_memory(params: Any, field: str, why: str) -> None:
         for name in SHARED_MEMORY_PARAMETERS:
             if name in params:
                 raise ExtensionNotSupported(SHARED_MEMORY_EXTENSIONS, f"{field}.parameters.{name}", why)
-
-
-def strings_from_raw(
-    raw: memoryview | bytes, spec: TensorSpec, shape: list[int], field: str, size_name: str
-) -> np.ndarray:
-    """A BYTES tensor's raw bytes, as Triton lays them out (each element a 4-byte little-endian length, then its
-    bytes), as an array of str: a length past the end or a count that does not fill the shape is refused naming
-    the byte count's field, invalid UTF-8 naming the element (inputs.text[i])."""
-    data, at = bytes(raw), 0
-    items: list[str] = []
-    while at < len(data):
-        if at + 4 > len(data):
-            raise MalformedBody(
-                f"{len(data) - at} bytes left after element {len(items) - 1}; expected a 4-byte length", field
-            )
-        n = int.from_bytes(data[at : at + 4], "little")
-        if at + 4 + n > len(data):
-            raise MalformedBody(f"element {len(items)} declares {n} bytes, but {len(data) - at - 4} follow", field)
-        items.append(utf8(data[at + 4 : at + 4 + n], f"inputs.{spec.name}[{len(items)}]"))
-        at += 4 + n
-    check_count(len(items), shape, f"{field}.{size_name}")
-    return np.array(items, dtype=object).reshape(shape)
-
-
-def utf8(value: bytes, field: str) -> str:
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InvalidInput(f"invalid UTF-8 at byte {e.start}; expected UTF-8 text", field) from None
 
 
 def check_count(count: int, shape: list[int], field: str) -> None:

@@ -20,7 +20,7 @@ from app.core.halfprecision import HALF_DTYPES
 from app.core.model import Model, TensorSpec
 from app.core.tensors import DATATYPES, binary_view
 from app.errors import InvalidInput
-from app.server.api.v2 import rules
+from app.server.api.v2 import rules, strings
 from app.server.api.v2.grpc.wire import Encoded
 from app.server.api.v2.rules import FIELDS, InferRequest
 from app.settings import Settings
@@ -122,7 +122,7 @@ def _tensor(entry: Any, spec: TensorSpec, datatype: str, shape: list[int], raw: 
     values = getattr(entry.contents, typed)
     rules.check_count(len(values), shape, f"{field}.contents.{typed}")
     if datatype == "BYTES":
-        texts = [rules.utf8(v, f"{field}[{i}]") for i, v in enumerate(values)]
+        texts = [strings.utf8(v, f"{field}[{i}]") for i, v in enumerate(values)]
         return np.array(texts, dtype=object).reshape(shape)
     arr = np.array(values, dtype=DATATYPES["FP32" if datatype in HALF_DTYPES else datatype]).reshape(shape)
     return rules.from_numbers(arr, datatype, field)
