@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,9 +25,9 @@ from app.core.dataplane import Fields, ModelInfo
 from app.core.model import FLOAT, Loaded, Model, ModelLoadError, Signature, TensorSpec, read_weights
 from app.core.repository import MANIFEST
 from app.core.textreference import TextConfig
+from app.core.texttokenizer import load_tokenizer
 from app.errors import InvalidInput, shown
 
-TOKENIZER_FILE = "tokenizer.json"
 STATS = ("mean", "std")
 # The reference and the graph agree on the sentence embedding within this (API.md section 12); on the hidden states
 # and statistics within this times their magnitude, as float32 keeps ~7 digits of them (all-MiniLM-L6-v2: hidden
@@ -263,35 +262,6 @@ class TextEncoderModel(Model):
         if not worst >= cosine_min:
             raise ModelLoadError(f"{self.path}: INT8 warm-up failed, worst cosine {worst:.5f} < {cosine_min}")
         return 1.0 - worst, 1.0 - cosine_min
-
-
-def load_tokenizer(loaded: Loaded, config: TextConfig) -> tokenizers.Tokenizer:
-    """tokenizer.json, which must be listed in the manifest's files (so that its sha256 was checked)."""
-    path: Path = loaded.path.parent / TOKENIZER_FILE
-    if TOKENIZER_FILE not in loaded.entry.get("files", {}):
-        raise ModelLoadError(f"{path}: not listed in the manifest's files, so its sha256 cannot be checked")
-    try:
-        return open_tokenizer(path, config)
-    except ValueError as e:
-        raise ModelLoadError(f"{path}: {e}") from None
-
-
-def open_tokenizer(path: Path, config: TextConfig) -> tokenizers.Tokenizer:
-    """The tokenizer as served (and checked at export): truncating at max_seq_length, padding with the model's
-    pad token to the longest text of a batch. ValueError if the file is not one, or disagrees with the config."""
-    try:
-        tokenizer = tokenizers.Tokenizer.from_file(str(path))
-    except Exception as e:  # the library raises its own Exception subclass for any file it cannot read
-        raise ValueError(f"the tokenizers library cannot read it ({e})") from None
-    size = tokenizer.get_vocab_size(with_added_tokens=True)
-    if size > config.vocab_size:
-        raise ValueError(f"{size} tokens; the model's config.vocab_size is {config.vocab_size}")
-    pad = tokenizer.id_to_token(config.pad_token_id)
-    if pad is None:
-        raise ValueError(f"no token of config.pad_token_id {config.pad_token_id}")
-    tokenizer.enable_truncation(max_length=config.max_seq_length)
-    tokenizer.enable_padding(pad_id=config.pad_token_id, pad_token=pad)
-    return tokenizer
 
 
 def encode_texts(

@@ -13,7 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from app.core import textencoder, textreference
+from app.core import textencoder, textreference, texttokenizer
 from app.core.textencoder import TextInput
 from app.core.textreference import TextConfig
 from app.export.graph import ExportError
@@ -60,7 +60,7 @@ def texts(max_seq_length: int, check_texts: Path | None) -> list[str]:
 
 def served_tokens(folder: Path, batch: Sequence[str], config: TextConfig, head: Head) -> tuple[TextInput, list[int]]:
     """The texts tokenized from the version's tokenizer.json by the server's own code; and those it cut short."""
-    tok = textencoder.open_tokenizer(folder / TOKENIZER, config)
+    tok = texttokenizer.open_tokenizer(folder / TOKENIZER, config)
     return textencoder.encode_texts(tok, batch, config, head.do_lower_case)
 
 
