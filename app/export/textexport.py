@@ -48,14 +48,10 @@ def export_text_encoder(
     check holds."""
     say = progress or (lambda _message: None)
     check_opset(opset)
-    source = textsource.read(Path(hf))
-    head = textsource.chosen_head(source, pooling, normalize, max_seq_length)
-    config = textsource.text_config(source, head)
+    source, head, config = _read(Path(hf), pooling, normalize, max_seq_length)
     batch = textparity.texts(head.max_seq_length, check_texts)
     started = time.perf_counter()
-    say(f"loading {source.path} ({source.model_type}, {head.pooling} pooling, max {head.max_seq_length} tokens) ...")
-    model = textgraph.load_model(source.path)
-    wrapper = textgraph.TextEncoderGraph(model, head, config.has_token_types)
+    model, wrapper = _loaded(source, head, config, say)
     root = Path(repository)
     with writing(root, say), versions.staging(root, name) as folder:
         say(f"exporting {name} (text-encoder, opset {opset}) ...")
@@ -68,12 +64,38 @@ def export_text_encoder(
         parity = _parity(name, source, head, batch, tokens, session, wrapper, weights, config, tolerance, say)
         manifest["parity"] = {**parity, "tokenizer": checked}
         if quantize is not None:  # after every FP32 parity: what is quantized is the checked graph
-            fp32 = textparity.run(session, tokens)["sentence_embedding"]
-            manifest["quantization"] = textquantize.quantize(folder, tokens, fp32, name)
-            say(f"quantized {name} to {quantize}: worst cosine {manifest['quantization']['worst_cosine_vs_fp32']:.5f}")
+            manifest["quantization"] = _quantized(folder, session, tokens, name, quantize, say)
         manifest["source"] = {"class": type(model).__name__, "sentence_transformers": source.sentence_transformers}
         say(f"exported and checked {name} in {time.perf_counter() - started:.1f} s")
         return commit_version(root, name, folder, manifest, version)
+
+
+def _read(
+    hf: Path, pooling: str | None, normalize: bool | None, max_seq_length: int | None
+) -> tuple[textsource.TextSource, textsource.Head, TextConfig]:
+    """The folder read and checked, its head with the user's overrides, the architecture the reference reads."""
+    source = textsource.read(hf)
+    head = textsource.chosen_head(source, pooling, normalize, max_seq_length)
+    return source, head, textsource.text_config(source, head)
+
+
+def _loaded(
+    source: textsource.TextSource, head: textsource.Head, config: TextConfig, say: Progress
+) -> tuple[Any, textgraph.TextEncoderGraph]:
+    """The HF model, in torch, and the graph that wraps it with the head (pooling, normalization, statistics)."""
+    say(f"loading {source.path} ({source.model_type}, {head.pooling} pooling, max {head.max_seq_length} tokens) ...")
+    model = textgraph.load_model(source.path)
+    return model, textgraph.TextEncoderGraph(model, head, config.has_token_types)
+
+
+def _quantized(
+    folder: Path, session: ort.InferenceSession, tokens: TextInput, name: str, quantize: str, say: Progress
+) -> dict[str, Any]:
+    """The checked FP32 graph replaced by its quantization (textquantize.py); its figures for the manifest."""
+    fp32 = textparity.run(session, tokens)["sentence_embedding"]
+    figures = textquantize.quantize(folder, tokens, fp32, name)
+    say(f"quantized {name} to {quantize}: worst cosine {figures['worst_cosine_vs_fp32']:.5f}")
+    return figures
 
 
 def _write_weights_and_tokenizer(folder: Path, model: Any, source: textsource.TextSource) -> dict[str, np.ndarray]:

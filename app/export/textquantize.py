@@ -52,19 +52,9 @@ def cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:
 def quantize(folder: Path, tokens: TextInput, fp32_embeddings: np.ndarray, name: str) -> dict[str, Any]:
     """folder/model.onnx replaced by its dynamic INT8 quantization, or ParityError (the FP32 file left for the
     staging to remove); the figures for the manifest."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     fp32, int8 = folder / MODEL_FILE, folder / "model.int8.onnx"
     kept = down_projections(onnx.load(str(fp32)))
-    quantize_dynamic(
-        fp32,
-        int8,
-        weight_type=QuantType.QUInt8,
-        per_channel=True,
-        op_types_to_quantize=OPS,
-        nodes_to_exclude=kept,
-        extra_options=EXTRA_OPTIONS,
-    )
+    _quantize_dynamic(fp32, int8, kept)
     session = ort.InferenceSession(str(int8), providers=["CPUExecutionProvider"])
     (got,) = session.run(["sentence_embedding"], tokens.feeds())
     per_text = cosines(got, fp32_embeddings)
@@ -90,3 +80,18 @@ def quantize(folder: Path, tokens: TextInput, fp32_embeddings: np.ndarray, name:
         )
     int8.replace(fp32)
     return figures
+
+
+def _quantize_dynamic(fp32: Path, int8: Path, kept: list[str]) -> None:
+    """onnxruntime's dynamic INT8 quantization of fp32 into int8, the `kept` MatMuls left in float32."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        fp32,
+        int8,
+        weight_type=QuantType.QUInt8,
+        per_channel=True,
+        op_types_to_quantize=OPS,
+        nodes_to_exclude=kept,
+        extra_options=EXTRA_OPTIONS,
+    )
