@@ -15,7 +15,7 @@ from app.core.encoder import EncoderModel
 from app.core.layernorm import WARM_UP_ATOL, LayerNormModel
 from app.core.model import ModelLoadError
 from app.core.runtime import KINDS, Runtime, session_options
-from app.core.textencoder import TextEncoderModel
+from app.core.textbatching import PooledTextEncoder
 from app.core.versionstate import IndexRow, State, VersionState
 from app.errors import InvalidInput, ModelNotFound
 from app.settings import Settings
@@ -40,7 +40,7 @@ def _sha256(path: Path) -> str:
 
 
 def test_kinds_name_each_class_by_its_kind() -> None:
-    assert KINDS == {"layernorm": LayerNormModel, "encoder": EncoderModel, "text-encoder": TextEncoderModel}
+    assert KINDS == {"layernorm": LayerNormModel, "encoder": EncoderModel, "text-encoder": PooledTextEncoder}
 
 
 def test_load_builds_every_default_model_by_its_kinds_class(runtime: Runtime) -> None:

@@ -58,6 +58,8 @@ ROUTES = [
     ("GET", "/v2/models/{name}/versions/{version}/stats"),
     ("GET", "/v2/models/{name}/config"),
     ("GET", "/v2/models/{name}/versions/{version}/config"),
+    ("GET", "/v2/models/{name}/monitor"),
+    ("GET", "/v2/models/{name}/versions/{version}/monitor"),
     ("POST", "/v2/repository/index"),
     ("POST", "/v2/repository/models/{name}/load"),
     ("POST", "/v2/repository/models/{name}/unload"),

@@ -132,7 +132,13 @@ def test_a_load_queued_behind_a_longer_one_answers_503_past_its_wait_and_inferen
     repository = copy_models(tmp_path / "models", ("layernorm", "encoder"))
     grpc_port = free_port()
     env = explicit_env(repository, grpc_port=str(grpc_port), model_control_wait_s="0.05", startup_models="layernorm")
-    with cli_server([str(NORMSERVE), "serve", "--workers", "1"], env) as server:
+    with (
+        cli_server([str(NORMSERVE), "serve", "--workers", "1"], env) as server,
+        grpc.insecure_channel(f"{HOST}:{grpc_port}") as channel,
+    ):
+        # Connected before the slow load starts: a channel's first connection can outlast the 0.4 s load on a busy
+        # machine, and then the second load would come after the first, not behind it.
+        grpc.channel_ready_future(channel).result(timeout=30)
         auth = {"Authorization": f"Bearer {TOKEN}"}
         slow = threading.Thread(
             target=httpx.post, args=(f"{server.base}/v2/repository/models/encoder/load",), kwargs={"headers": auth}
@@ -146,17 +152,16 @@ def test_a_load_queued_behind_a_longer_one_answers_503_past_its_wait_and_inferen
             r = client.post("/v2/repository/models/layernorm/load")
             refused = (r.status_code, r.json()["error"], r.headers.get("retry-after"))
         else:
-            with grpc.insecure_channel(f"{HOST}:{grpc_port}") as channel:
-                try:
-                    service.GRPCInferenceServiceStub(channel).RepositoryModelLoad(
-                        pb.RepositoryModelLoadRequest(model_name="layernorm"),
-                        metadata=[("authorization", f"Bearer {TOKEN}")],
-                        timeout=30,
-                    )
-                    refused = (0, "OK", None)
-                except grpc.RpcError as e:
-                    trailer = dict(e.trailing_metadata() or ())  # type: ignore[attr-defined]
-                    refused = (e.code().value[0], e.details(), trailer.get("retry-after"))
+            try:
+                service.GRPCInferenceServiceStub(channel).RepositoryModelLoad(
+                    pb.RepositoryModelLoadRequest(model_name="layernorm"),
+                    metadata=[("authorization", f"Bearer {TOKEN}")],
+                    timeout=30,
+                )
+                refused = (0, "OK", None)
+            except grpc.RpcError as e:
+                trailer = dict(e.trailing_metadata() or ())  # type: ignore[attr-defined]
+                refused = (e.code().value[0], e.details(), trailer.get("retry-after"))
         inference = client.post("/normalize", json={"model": "layernorm", "data": [[1.0, 3.0]]})
         slow.join()
         client.close()
