@@ -89,11 +89,15 @@ function tryParse(text) {
 // ---------------------------------------------------------------- requests
 
 /** POST a JSON body; resolves to {ok, status, body, ms}, with the service's {"error": ...} kept verbatim. */
-async function post(path, bodyText) {
+function post(path, bodyText) {
+  return send(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: bodyText });
+}
+
+async function send(path, init) {
   const t0 = performance.now();
   let res;
   try {
-    res = await fetch(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: bodyText });
+    res = await fetch(path, init);
   } catch (e) {
     return { ok: false, status: 0, body: { error: "request failed: " + e.message }, ms: 0 };
   }
@@ -105,7 +109,9 @@ async function post(path, bodyText) {
 }
 
 function showError(el, res) {
-  const msg = res.body && typeof res.body.error === "string" ? res.body.error : JSON.stringify(res.body);
+  // normserve's routes answer {"error": "..."}, the /v1/ routes OpenAI's {"error": {"message": "...", ...}}
+  const err = res.body && res.body.error;
+  const msg = typeof err === "string" ? err : err && typeof err.message === "string" ? err.message : JSON.stringify(res.body);
   el.textContent = "";
   const strong = document.createElement("strong");
   strong.textContent = res.status ? `${res.status} ${res.statusText || ""}`.trim() + ": " : "Error: ";
@@ -510,7 +516,7 @@ function addModel(body, choice) {
 
 /** The pickers, from the repository index (every READY version); the index is an admin route, closed to
  * the page (403 without NORMSERVE_ADMIN_TOKEN, 401 without the header), and the statistics of the serving
- * models stand in for it. */
+ * models stand in for it. The text view's picker lists /v1/models, the text encoders. */
 async function loadModels() {
   let ready = [];
   const index = await fetch("v2/repository/index", { method: "POST" }).catch(() => null);
@@ -522,24 +528,38 @@ async function loadModels() {
   }
   const byName = new Map();
   for (const [name, version] of ready) byName.set(name, [...(byName.get(name) || []), version]);
-  const picked = { layernorm: [], encoder: [] };
+  const picked = { layernorm: [], encoder: [], monitor: [...byName] };
   for (const [name, versions] of byName) {
     const meta = await fetch(`v2/models/${encodeURIComponent(name)}`).then((r) => (r.ok ? r.json() : null));
     if (!meta) continue;
-    const input = meta.inputs.find((t) => t.name === "input");
-    const kind = meta.inputs.some((t) => t.name === "padding_mask") ? "encoder" : "layernorm";
-    if (kind === "encoder") D_MODELS.set(name, input.shape[input.shape.length - 1]);
-    picked[kind].push([name, versions]);
-  }
-  for (const select of document.querySelectorAll("select[data-kind]")) {
-    const models = picked[select.dataset.kind];
-    if (!models.length) continue;
-    const current = select.value;
-    select.replaceChildren();
-    for (const [name, versions] of models) {
-      select.append(new Option(`${name} (latest: v${versions[versions.length - 1]})`, name, false, name === current));
-      if (versions.length > 1) for (const v of versions) select.append(new Option(`${name} v${v}`, `${name}@${v}`));
+    const kind = modelKind(meta);
+    if (kind === "encoder") {
+      const input = meta.inputs.find((t) => t.name === "input");
+      D_MODELS.set(name, input.shape[input.shape.length - 1]);
     }
+    if (kind in picked) picked[kind].push([name, versions]);
+  }
+  for (const select of document.querySelectorAll("select[data-kind]")) fillPicker(select, picked[select.dataset.kind]);
+  const text = await fetch("v1/models").then((r) => (r.ok ? r.json() : { data: [] }));
+  // /v1/embeddings names no version: the serving one answers
+  fillPicker($("text-model"), text.data.map((m) => [m.id, (byName.get(m.id) || []).slice(-1)]));
+}
+
+/** A model's kind by its V2 inputs: a text encoder takes `text`, an encoder a `padding_mask` beside its input. */
+function modelKind(meta) {
+  const names = meta.inputs.map((t) => t.name);
+  return names.includes("text") ? "text-encoder" : names.includes("padding_mask") ? "encoder" : "layernorm";
+}
+
+/** Fill a picker with [name, versions] (latest last): each name, and each version when there are several. */
+function fillPicker(select, models) {
+  if (!models.length) return; // the picker keeps its default
+  const current = select.value;
+  select.replaceChildren();
+  for (const [name, versions] of models) {
+    const latest = versions.length ? ` (latest: v${versions[versions.length - 1]})` : "";
+    select.append(new Option(name + latest, name, false, name === current));
+    if (versions.length > 1) for (const v of versions) select.append(new Option(`${name} v${v}`, `${name}@${v}`));
   }
 }
 
@@ -591,6 +611,174 @@ function renderEncode(res, seq, pad) {
   $("encode-results").hidden = false;
 }
 
+// ---------------------------------------------------------------- /v1/embeddings (text) view
+
+/** "3: A kitten is…": a sentence's index and first words, to label it in the heatmap and the plots. */
+function sentenceLabel(text, i) {
+  const words = text.split(/\s+/).filter(Boolean);
+  return `${i}: ${words.slice(0, 3).join(" ")}${words.length > 3 ? "…" : ""}`;
+}
+
+/** Cosine similarity of every pair of rows, in float64. */
+function cosineMatrix(rows) {
+  const norms = rows.map((r) => Math.sqrt(r.reduce((a, v) => a + v * v, 0)));
+  return rows.map((a, i) => rows.map((b, j) => a.reduce((acc, v, k) => acc + v * b[k], 0) / (norms[i] * norms[j])));
+}
+
+/** A diverging colour for a cosine: blue at -1, white at 0, red at 1. */
+function heatColour(v) {
+  const t = Math.max(-1, Math.min(1, v));
+  const [r, g, b] = t >= 0 ? [209, 73, 91] : [31, 95, 153];
+  const mix = (c) => Math.round(255 + (c - 255) * Math.abs(t));
+  return `rgb(${mix(r)}, ${mix(g)}, ${mix(b)})`;
+}
+
+async function runText() {
+  const form = $("text-form");
+  $("text-error").hidden = true;
+  const texts = $("text-input").value.split("\n").map((t) => t.trim()).filter(Boolean);
+  const model = $("text-model").value;
+  const refused = !model ? "no text encoder is served: export one with `normserve export text-encoder`" :
+    !texts.length ? "type at least one sentence" : null;
+  if (refused) {
+    $("text-results").hidden = true;
+    showError($("text-error"), { status: 0, body: { error: refused } });
+    settled();
+    return;
+  }
+  const req = { model, input: texts, encoding_format: "float", return_layer_norms: true };
+  busy(form, true);
+  $("text-status").textContent = "Running…";
+  const res = await post("v1/embeddings", JSON.stringify(req));
+  busy(form, false);
+  if (!res.ok) {
+    $("text-results").hidden = true;
+    showError($("text-error"), res);
+    $("text-status").textContent = "The service rejected the request.";
+    settled();
+    return;
+  }
+  renderText(texts, res);
+  settled();
+}
+
+function renderText(texts, res) {
+  const b = res.body;
+  const labels = texts.map(sentenceLabel);
+  const width = b.data.length ? b.data[0].embedding.length : 0;
+  $("text-status").textContent = `${b.model} · ${texts.length} sentence(s) · width ${width} · ${b.usage.prompt_tokens} tokens`;
+  $("text-status").title = `round trip ${res.ms.toFixed(1)} ms`;
+  renderHeatmap(cosineMatrix(b.data.map((d) => d.embedding)), labels);
+  const plots = $("text-ln-plots");
+  plots.textContent = "";
+  const names = b.data.length ? b.data[0].layer_norms.map((ln) => ln.name) : [];
+  names.forEach((name, j) => {
+    const figure = document.createElement("figure");
+    const div = document.createElement("div");
+    div.id = `text-ln-${j}`;
+    div.className = "plot";
+    div.dataset.layer = name;
+    figure.append(div);
+    plots.append(figure);
+    const series = b.data.map((d, i) => ({
+      name: labels[i],
+      color: PALETTE[i % PALETTE.length],
+      points: d.layer_norms[j].std.map((v, t) => [t, v]),
+    }));
+    linePlot(div, { title: name, xlabel: "token", ylabel: "std of the input", series, integerX: true });
+  });
+  legend($("text-legend"), labels.map((name, i) => ({ name, color: PALETTE[i % PALETTE.length] })));
+  $("text-results").hidden = false;
+}
+
+function renderHeatmap(sims, labels) {
+  const table = $("text-heatmap");
+  table.textContent = "";
+  const head = table.createTHead().insertRow();
+  head.append(cell("th", "", { scope: "col" }));
+  labels.forEach((l, j) => head.append(cell("th", String(j), { scope: "col", title: l })));
+  const body = table.createTBody();
+  sims.forEach((row, i) => {
+    const tr = body.insertRow();
+    tr.append(cell("th", labels[i], { scope: "row" }));
+    row.forEach((v, j) => {
+      const td = cell("td", v.toFixed(3), { class: "sim", "data-row": i, "data-col": j, "data-value": v, title: String(v) });
+      td.style.background = heatColour(v);
+      if (Math.abs(v) > 0.6) td.classList.add("dark");
+      tr.append(td);
+    });
+  });
+}
+
+// ---------------------------------------------------------------- /v2/models/{name}/monitor view
+
+async function runMonitor() {
+  const form = $("monitor-form");
+  $("mon-error").hidden = true;
+  const [name, version] = $("mon-model").value.split("@");
+  const path = `v2/models/${encodeURIComponent(name)}` + (version ? `/versions/${encodeURIComponent(version)}` : "");
+  busy(form, true);
+  $("mon-status").textContent = "Loading…";
+  const res = await send(path + "/monitor", { method: "GET" });
+  busy(form, false);
+  if (!res.ok) {
+    $("mon-results").hidden = true;
+    showError($("mon-error"), res);
+    $("mon-status").textContent = "The service refused the request.";
+    settled();
+    return;
+  }
+  renderMonitor(res.body);
+  settled();
+}
+
+function renderMonitor(b) {
+  $("mon-status").textContent = `${b.model} v${b.version} · window ${b.window_s} s · ${b.layers.length} LayerNorm(s)`;
+  // A version without a baseline has no layers to report, and its `baseline` is the service's explanation.
+  const counts = b.layers.map((l) => l.baseline.count);
+  const base = $("mon-baseline");
+  base.className = "baseline" + (b.layers.length ? "" : " none");
+  base.textContent = b.layers.length
+    ? `Baseline: ${b.baseline} (${Math.max(...counts)} positions).`
+    : `Exported before baselines: none. The service says: “${b.baseline}”.`;
+  const table = $("mon-table");
+  table.textContent = "";
+  table.hidden = !b.layers.length; // an empty table's header would read as a window with no layers
+  const head = table.createTHead().insertRow();
+  for (const h of ["LayerNorm", "PSI", "reading", "window samples", "window vs baseline"]) head.append(cell("th", h, { scope: "col" }));
+  const body = table.createTBody();
+  for (const layer of b.layers) {
+    const tr = body.insertRow();
+    tr.dataset.layer = layer.name;
+    const empty = layer.samples === 0 || layer.psi === null;
+    const reading = empty ? "no samples" : layer.verdict;
+    tr.append(cell("th", layer.name, { scope: "row" }));
+    tr.append(cell("td", empty ? "—" : layer.psi.toFixed(3), { class: "psi", "data-value": empty ? "" : layer.psi }));
+    tr.append(cell("td", reading, { class: "verdict " + (empty ? "nodata" : layer.verdict) }));
+    tr.append(cell("td", empty ? "no samples" : String(layer.samples), { class: "samples", "data-value": layer.samples }));
+    const bars = cell("td", "", { class: "bars" });
+    fractionBars(bars, layer.live);
+    tr.append(bars);
+  }
+  $("mon-results").hidden = false;
+}
+
+/** The window's fraction in each PSI bin beside the baseline's, as small paired bars. */
+function fractionBars(container, live) {
+  const total = live.counts.reduce((a, c) => a + c, 0);
+  const actual = live.counts.map((c) => (total ? c / total : 0));
+  const n = live.expected.length;
+  const W = 12 * n, H = 28;
+  const top = Math.max(...actual, ...live.expected, 1e-9);
+  const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, class: "bars-chart", role: "img" }, container);
+  svgEl("title", {}, svg).textContent = "per std bin: baseline (grey) and window (colour) fractions";
+  live.expected.forEach((e, i) => {
+    const he = (e / top) * H, ha = (actual[i] / top) * H;
+    svgEl("rect", { x: i * 12 + 1, y: H - he, width: 5, height: he, class: "expected" }, svg);
+    svgEl("rect", { x: i * 12 + 6, y: H - ha, width: 5, height: ha, class: "actual" }, svg);
+  });
+}
+
 // ---------------------------------------------------------------- wiring
 
 function selectTab(tab) {
@@ -621,10 +809,12 @@ function wire() {
     runNormalize(false);
   });
   $("compare").addEventListener("click", () => runNormalize(true));
-  $("encode-form").addEventListener("submit", (e) => {
-    e.preventDefault();
-    runEncode();
-  });
+  for (const [form, run] of [["encode-form", runEncode], ["text-form", runText], ["monitor-form", runMonitor]]) {
+    $(form).addEventListener("submit", (e) => {
+      e.preventDefault();
+      run();
+    });
+  }
   updateFormula();
   document.body.dataset.settled = "0";
   loadModels()
