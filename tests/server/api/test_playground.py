@@ -7,7 +7,9 @@ import math
 import os
 import struct
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -17,6 +19,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from app.core.reference import EncoderConfig, layer_norm_names
 from app.core.seeds import SEED000, SEED003
 from tests.live_server import ROOT, live_server
+from tests.polling import wait_until
 from tests.repositories import copy_models, learned_layernorm
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's package (scripts/system-deps.sh); never a browser download
@@ -47,19 +50,25 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def page(browser: Browser, server: str) -> Iterator[Page]:
+    with loaded_page(browser, server) as pg:
+        yield pg
+
+
+@contextmanager
+def loaded_page(browser: Browser, base: str) -> Iterator[Page]:
     """The loaded playground; afterwards, no request may have left the server's origin and no script may have failed."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     pg = context.new_page()
     pg.set_default_timeout(15_000)
     foreign: list[str] = []
     script_errors: list[str] = []
-    pg.on("request", lambda r: foreign.append(r.url) if not r.url.startswith((server + "/", "data:")) else None)
+    pg.on("request", lambda r: foreign.append(r.url) if not r.url.startswith((base + "/", "data:")) else None)
     pg.on("pageerror", lambda e: script_errors.append(str(e)))
     # Chromium logs every non-2xx fetch as a console error; the 4xx cases are the point of some tests.
     pg.on(
         "console", lambda m: script_errors.append(m.text) if m.type == "error" and "status of 4" not in m.text else None
     )
-    pg.goto(server + "/")
+    pg.goto(base + "/")
     pg.wait_for_selector("body[data-ready='true']")
     yield pg
     context.close()
@@ -341,3 +350,212 @@ def test_the_pickers_list_every_ready_model_and_version_and_a_pinned_version_ans
     ref = [(v - 7 / 3) / math.sqrt(14 / 9 + 1e-5) * 3 for v in (1, 2, 4)]
     assert out[0] == pytest.approx(ref, abs=1e-4)
     pg.close()
+
+
+# ---- the text view and the monitor view ----------------------------------------------------------------------
+
+MAX_REQUEST_TOKENS = 100  # the text server's NORMSERVE_MAX_REQUEST_TOKENS: three of the tiny model's 40-token texts
+NO_BASELINE = "no baseline: this version was exported before the drift monitor; export it again to monitor it"
+
+
+@pytest.fixture(scope="module")
+def text_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A tiny random BERT (tests/textmodels.py) exported as `bert`; `encoder` as exported, with its baseline, which
+    no request reaches; `layernorm` as a version exported before the drift monitor (its manifest has no baseline)."""
+    from app.export.textexport import export_text_encoder
+    from tests.textmodels import tiny_model
+
+    root = tmp_path_factory.mktemp("text")
+    models = copy_models(root / "models", ("layernorm", "encoder"))
+    manifest = models / "layernorm" / "1" / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    del doc["baseline"]
+    manifest.write_text(json.dumps(doc))
+    export_text_encoder(models, "bert", tiny_model(root / "hf" / "bert", "bert").path)
+    env = {"NORMSERVE_MODEL_DIR": str(models), "NORMSERVE_MAX_REQUEST_TOKENS": str(MAX_REQUEST_TOKENS)}
+    with live_server(env) as base:
+        yield base
+
+
+@pytest.fixture
+def text_page(browser: Browser, text_server: str) -> Iterator[Page]:
+    with loaded_page(browser, text_server) as pg:
+        yield pg
+
+
+def sentence_label(i: int, text: str) -> str:
+    """How the page names sentence i: its index and first three words."""
+    words = text.split()
+    return f"{i}: {' '.join(words[:3])}{'…' if len(words) > 3 else ''}"
+
+
+def heatmap(page: Page) -> dict[tuple[int, int], str]:
+    cells = page.eval_on_selector_all(
+        "#text-heatmap td.sim", "els => els.map(e => [+e.dataset.row, +e.dataset.col, e.textContent])"
+    )
+    return {(r, c): text for r, c, text in cells}
+
+
+SENTENCES = [
+    pytest.param(["A cat sits on the mat.", "A kitten is sleeping on the rug."], id="two"),
+    pytest.param(
+        ["A cat sits on the mat.", "", "Stock markets fell sharply today.", "Ünïcödé, 東京 and 😀"], id="three"
+    ),
+]
+
+
+@pytest.mark.parametrize("lines", SENTENCES)
+def test_text_view_shows_the_embeddings_cosines_and_one_std_plot_per_layer_norm(
+    text_page: Page, text_server: str, lines: list[str]
+) -> None:
+    """Blank lines are skipped; each heatmap cell is the cosine of the embeddings /v1/embeddings gives, to the 3
+    decimals shown; each LayerNorm, in the answer's order, has a plot with one series per sentence, a dot a token."""
+    texts = [t for t in lines if t]
+    text_page.click("#tab-text")
+    text_page.fill("#text-input", "\n".join(lines))
+    settle(text_page, lambda: text_page.click("#text-run"))
+    assert text_page.is_hidden("#text-error")
+    body = {"model": "bert", "input": texts, "encoding_format": "float", "return_layer_norms": True}
+    answer = httpx.post(text_server + "/v1/embeddings", json=body, timeout=60).json()
+    vectors = np.array([d["embedding"] for d in answer["data"]], dtype=np.float64)
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    cosines = unit @ unit.T
+    shown = heatmap(text_page)
+    assert sorted(shown) == [(r, c) for r in range(len(texts)) for c in range(len(texts))]
+    assert all(shown[i, i] == "1.000" for i in range(len(texts))), shown
+    for (r, c), text in shown.items():
+        assert abs(float(text) - cosines[r, c]) <= 1e-3, (r, c, text, cosines[r, c])
+    tokens = httpx.post(text_server + "/tokenize", json={"model": "bert", "input": texts}, timeout=30).json()
+    lengths = [len(t["ids"]) for t in tokens["data"]]
+    names = [ln["name"] for ln in answer["data"][0]["layer_norms"]]
+    plots = text_page.eval_on_selector_all("#text-ln-plots div.plot", "els => els.map(e => [e.id, e.dataset.layer])")
+    assert [layer for _, layer in plots] == names and len(names) == 5  # the embeddings' and two per layer
+    want = {sentence_label(i, t): {"paths": 1, "dots": n} for i, (t, n) in enumerate(zip(texts, lengths, strict=True))}
+    for plot, _ in plots:
+        assert series(text_page, plot) == want
+    assert (text_page.text_content("#text-status") or "").startswith(f"bert · {len(texts)} sentence(s) · width 32")
+
+
+def test_text_models_picker_lists_the_text_encoders_and_the_layernorm_picker_does_not(text_page: Page) -> None:
+    assert text_page.eval_on_selector_all("#text-model option", "os => os.map(o => o.value)") == ["bert"]
+    assert text_page.eval_on_selector_all("#ln-model option", "os => os.map(o => o.value)") == ["layernorm"]
+    assert text_page.eval_on_selector_all("#enc-model option", "os => os.map(o => o.value)") == ["encoder"]
+    monitored = text_page.eval_on_selector_all("#mon-model option", "os => os.map(o => o.value)")
+    assert sorted(monitored) == ["bert", "encoder", "layernorm"]
+
+
+def test_text_view_shows_the_services_error_whole(text_page: Page, text_server: str) -> None:
+    """Four texts cut at the tiny model's 40 tokens exceed the server's 100 tokens a request: OpenAI's error shape,
+    whose message the page shows after the status."""
+    texts = [" ".join(["word"] * 60)] * 4
+    text_page.click("#tab-text")
+    text_page.fill("#text-input", "\n".join(texts))
+    settle(text_page, lambda: text_page.click("#text-run"))
+    direct = httpx.post(text_server + "/v1/embeddings", json={"model": "bert", "input": texts}, timeout=60)
+    assert direct.status_code == 413
+    message = direct.json()["error"]["message"]
+    assert message == f"input: 160 tokens; at most {MAX_REQUEST_TOKENS} per request (NORMSERVE_MAX_REQUEST_TOKENS)"
+    shown = text_page.text_content("#text-error") or ""
+    assert shown.startswith("413") and shown.endswith(": " + message), shown
+    assert text_page.is_hidden("#text-results")
+
+
+def test_text_view_refuses_no_sentences_before_sending(text_page: Page) -> None:
+    text_page.click("#tab-text")
+    text_page.fill("#text-input", "\n  \n")
+    settle(text_page, lambda: text_page.click("#text-run"))
+    assert text_page.text_content("#text-error") == "Error: type at least one sentence"
+
+
+def monitor_rows(page: Page) -> list[dict[str, str]]:
+    return page.eval_on_selector_all(
+        "#mon-table tbody tr",
+        "trs => trs.map(tr => ({layer: tr.dataset.layer, psi: tr.querySelector('.psi').textContent,"
+        " reading: tr.querySelector('.verdict').textContent, verdict: tr.querySelector('.verdict').className,"
+        " samples: tr.querySelector('.samples').textContent}))",
+    )
+
+
+def send_traffic(server: str, model: str) -> int:
+    """Three requests to model; the positions (rows, tokens) the monitor counts from them."""
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        if model == "layernorm":
+            r = httpx.post(server + "/normalize", json={"data": rng.normal(size=(4, 3)).tolist()}, timeout=30)
+        else:
+            body = {"model": model, "data": rng.normal(size=(6, 128)).tolist()}
+            r = httpx.post(server + "/encode", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+    return 3 * (4 if model == "layernorm" else 6)
+
+
+def monitor(server: str, model: str) -> dict[str, Any]:
+    answer = httpx.get(f"{server}/v2/models/{model}/monitor", timeout=30)
+    assert answer.status_code == 200, answer.text
+    doc: dict[str, Any] = answer.json()
+    return doc
+
+
+@pytest.mark.parametrize("model", ["layernorm", "encoder"])
+def test_monitor_view_shows_each_layer_norms_drift_and_window_samples(
+    page: Page, server: str, tmp_path: Path, model: str
+) -> None:
+    """The page's rows are the service's monitor answer: every LayerNorm in order, its PSI to 3 decimals, its reading,
+    and the window's sample count, which the traffic sent here has raised above 0."""
+    before = {layer["name"]: layer["samples"] for layer in monitor(server, model)["layers"]}
+    assert list(before) == (["layernorm"] if model == "layernorm" else layer_norm_names(EncoderConfig()))
+    sent = send_traffic(server, model)
+
+    def counted() -> bool:
+        return all(layer["samples"] >= before[layer["name"]] + sent for layer in monitor(server, model)["layers"])
+
+    wait_until(counted, f"{model}'s monitor counting the {sent} positions sent")
+    page.click("#tab-monitor")
+    page.select_option("#mon-model", model)
+    settle(page, lambda: page.click("#mon-refresh"))
+    assert page.is_hidden("#mon-error")
+    doc = monitor(server, model)  # no request since the page's: the same answer
+    rows = monitor_rows(page)
+    assert [row["layer"] for row in rows] == [layer["name"] for layer in doc["layers"]] == list(before)
+    for row, layer in zip(rows, doc["layers"], strict=True):
+        assert int(row["samples"]) == layer["samples"] > 0
+        assert row["psi"] == f"{layer['psi']:.3f}"
+        assert (row["reading"], row["verdict"]) == (layer["verdict"], f"verdict {layer['verdict']}")
+    positions = max(layer["baseline"]["count"] for layer in doc["layers"])
+    assert page.text_content("#mon-baseline") == f"Baseline: {doc['baseline']} ({positions} positions)."
+    png = page.screenshot(path=str(tmp_path / "monitor.png"), full_page=True)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "monitor.png").stat().st_size > 10_000
+
+
+def test_monitor_view_never_reads_an_empty_window_as_stable(text_page: Page, text_server: str) -> None:
+    """`encoder` on the text server has its baseline and has had no request: every row says "no samples"."""
+    text_page.click("#tab-monitor")
+    text_page.select_option("#mon-model", "encoder")
+    settle(text_page, lambda: text_page.click("#mon-refresh"))
+    doc = monitor(text_server, "encoder")
+    assert all(layer["samples"] == 0 and layer["psi"] is None for layer in doc["layers"])
+    want = {"psi": "—", "reading": "no samples", "verdict": "verdict nodata", "samples": "no samples"}
+    assert monitor_rows(text_page) == [{"layer": name} | want for name in layer_norm_names(EncoderConfig())]
+
+
+def test_monitor_view_says_a_version_exported_before_baselines_has_none(text_page: Page, text_server: str) -> None:
+    text_page.click("#tab-monitor")
+    text_page.select_option("#mon-model", "layernorm")
+    settle(text_page, lambda: text_page.click("#mon-refresh"))
+    assert monitor(text_server, "layernorm") == {
+        "model": "layernorm", "version": "1", "window_s": 300.0, "baseline": NO_BASELINE, "layers": []
+    }  # fmt: skip
+    shown = text_page.text_content("#mon-baseline")
+    assert shown == f"Exported before baselines: none. The service says: “{NO_BASELINE}”."
+    assert text_page.is_hidden("#mon-table")
+    assert text_page.text_content("#mon-status") == "layernorm v1 · window 300 s · 0 LayerNorm(s)"
+
+
+def test_monitor_view_shows_an_unknown_model_as_the_services_404(text_page: Page, text_server: str) -> None:
+    text_page.click("#tab-monitor")
+    text_page.eval_on_selector("#mon-model", "s => s.append(new Option('gone', 'gone', true, true))")
+    settle(text_page, lambda: text_page.click("#mon-refresh"))
+    direct = httpx.get(text_server + "/v2/models/gone/monitor", timeout=30)
+    assert direct.status_code == 404
+    shown = text_page.text_content("#mon-error") or ""
+    assert shown.startswith("404") and shown.endswith(": " + direct.json()["error"]), shown
