@@ -20,7 +20,7 @@ router = APIRouter(include_in_schema=False, route_class=DirectRoute)  # answers 
 
 @router.get("/")
 async def index() -> FileResponse:
-    """The playground: normalize or encode a tensor and see its statistics as plots."""
+    """The playground: normalize or encode a tensor, embed sentences, or read a model's drift monitor, as plots."""
     return FileResponse(
         STATIC_DIR / "index.html",
         media_type="text/html; charset=utf-8",
