@@ -579,18 +579,24 @@ async function runEncode() {
   if (version) req.version = Number(version);
   if (pad > 0) req.padding_mask = Array.from({ length: seq }, (_, t) => t >= seq - pad);
   if ($("enc-validate").checked) req.validate = true;
-  busy(form, true);
-  $("enc-status").textContent = "Running…";
-  const res = await post("encode", JSON.stringify(req));
-  busy(form, false);
-  if (!res.ok) {
-    $("encode-results").hidden = $("enc-validation").hidden = true;
-    showError($("enc-error"), res);
-    $("enc-status").textContent = "The service rejected the request.";
-    settled();
-    return;
+  const view = { form, status: "enc-status", error: "enc-error", results: ["encode-results", "enc-validation"] };
+  await exchange(view, () => post("encode", JSON.stringify(req)), (res) => renderEncode(res, seq, pad));
+}
+
+/** Send a view's request with its form busy, then show the service's error (hiding the view's earlier results,
+ *  which would read as this request's answer) or render its answer; either way count the request settled. */
+async function exchange(view, request, render) {
+  busy(view.form, true);
+  $(view.status).textContent = "Running…";
+  const res = await request();
+  busy(view.form, false);
+  if (res.ok) {
+    render(res);
+  } else {
+    for (const id of view.results) $(id).hidden = true;
+    showError($(view.error), res);
+    $(view.status).textContent = "The service rejected the request.";
   }
-  renderEncode(res, seq, pad);
   settled();
 }
 
@@ -647,19 +653,8 @@ async function runText() {
     return;
   }
   const req = { model, input: texts, encoding_format: "float", return_layer_norms: true };
-  busy(form, true);
-  $("text-status").textContent = "Running…";
-  const res = await post("v1/embeddings", JSON.stringify(req));
-  busy(form, false);
-  if (!res.ok) {
-    $("text-results").hidden = true;
-    showError($("text-error"), res);
-    $("text-status").textContent = "The service rejected the request.";
-    settled();
-    return;
-  }
-  renderText(texts, res);
-  settled();
+  const view = { form, status: "text-status", error: "text-error", results: ["text-results"] };
+  await exchange(view, () => post("v1/embeddings", JSON.stringify(req)), (res) => renderText(texts, res));
 }
 
 function renderText(texts, res) {
@@ -717,19 +712,8 @@ async function runMonitor() {
   $("mon-error").hidden = true;
   const [name, version] = $("mon-model").value.split("@");
   const path = `v2/models/${encodeURIComponent(name)}` + (version ? `/versions/${encodeURIComponent(version)}` : "");
-  busy(form, true);
-  $("mon-status").textContent = "Loading…";
-  const res = await send(path + "/monitor", { method: "GET" });
-  busy(form, false);
-  if (!res.ok) {
-    $("mon-results").hidden = true;
-    showError($("mon-error"), res);
-    $("mon-status").textContent = "The service refused the request.";
-    settled();
-    return;
-  }
-  renderMonitor(res.body);
-  settled();
+  const view = { form, status: "mon-status", error: "mon-error", results: ["mon-results"] };
+  await exchange(view, () => send(path + "/monitor", { method: "GET" }), (res) => renderMonitor(res.body));
 }
 
 function renderMonitor(b) {
