@@ -179,7 +179,7 @@ def test_a_worker_started_later_serves_what_the_others_serve(repository: Path, s
 def _sync(root: Path, folder: Path) -> ModelSync:
     control = ModelControl(Runtime(Settings(model_dir=root, model_control="explicit")))
     for name in control.startup_names():
-        control.runtime.serve(control.build(name))
+        control.runtime.put_in_service(control.build(name))
     sync = ModelSync(control, folder)
     sync.started()
     return sync
