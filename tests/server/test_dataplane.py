@@ -223,7 +223,7 @@ def test_a_job_no_thread_took_before_the_timeout_frees_its_slot_at_once_and_neve
         assert worker.admission.count() == 0  # the waiter claimed the job: its slot is free now
         occupant.release.set()
         await occupying
-        await asyncio.sleep(0.1)
+        await anyio.to_thread.run_sync(lambda: None)  # the one thread, after whatever was queued before (FIFO)
         assert not job.started.is_set()
 
     asyncio.run(scenario())
