@@ -135,13 +135,13 @@ class Lifecycle:
 
     async def load(self, name: str) -> list[Model]:
         """A load through the repository API, queued behind the worker's other loads and unloads."""
-        return await self.operations.run("load", lambda deadline: self.load_model(name, deadline))
+        return await self.operations.run("load", lambda deadline: self._load(name, deadline))
 
     async def unload(self, name: str) -> list[int]:
         """An unload through the repository API, queued behind the worker's other loads and unloads."""
-        return await self.operations.run("unload", lambda deadline: self.unload_model(name, deadline))
+        return await self.operations.run("unload", lambda deadline: self._unload(name, deadline))
 
-    def load_model(self, name: str, deadline: float | None = None) -> list[Model]:
+    def _load(self, name: str, deadline: float | None) -> list[Model]:
         """A load, on the control thread; with several workers, applied by every one before it returns (503
         if the server-wide lock is not free by the deadline)."""
         if self.sync is None:
@@ -151,7 +151,7 @@ class Lifecycle:
         self.settle()
         return models
 
-    def unload_model(self, name: str, deadline: float | None = None) -> list[int]:
+    def _unload(self, name: str, deadline: float | None) -> list[int]:
         """An unload, on the control thread; with several workers, applied by every one before it returns."""
         if self.sync is None:
             return self.control.unload(name)
