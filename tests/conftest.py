@@ -8,16 +8,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.live_server import MODELS, ROOT, live_server
 from tests.server.api.v2.grpc.live import ADMIN_TOKEN, GrpcServer, grpc_server
-
-if TYPE_CHECKING:
-    import tritonclient.grpc as tg
+from tests.triton_clients import TritonOn, triton_client
 
 DEFAULT_MODELS = ("encoder", "encoder-preln", "layernorm")
 
@@ -44,14 +42,13 @@ def live_grpc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
         yield server
 
 
-@pytest.fixture(scope="session")
-def triton(live_grpc: GrpcServer) -> Iterator[tg.InferenceServerClient]:
-    """tritonclient.grpc on live_grpc (imported here: tests that never ask for it need not load grpc)."""
-    import tritonclient.grpc as tg
-
-    client = tg.InferenceServerClient(live_grpc.address)
-    yield client
-    client.close()
+@pytest.fixture(scope="module")
+def triton(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """tritonclient on a live server: tritonclient.grpc on live_grpc, unless the test module names another server
+    or HTTP in `TRITON = TritonOn(...)` (tests/triton_clients.py)."""
+    on: TritonOn = getattr(request.module, "TRITON", TritonOn())
+    with triton_client(request.getfixturevalue(on.server), on.kind, **on.options) as client:
+        yield client
 
 
 @pytest.fixture(scope="session")

@@ -57,5 +57,5 @@ def test_main_app_reads_its_settings_from_the_environment_at_import(monkeypatch:
 def test_importing_main_does_not_load_the_models(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("NORMSERVE_MODEL_DIR", str(tmp_path / "nothing-here"))
     worker = _fresh_main().app.state.worker  # no manifest there: loading happens in the lifespan, not on import
-    assert worker.runtime.models == []
+    assert worker.plane.runtime.models == []
     assert not worker.admission.ready

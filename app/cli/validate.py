@@ -73,24 +73,24 @@ Step = tuple[str, Callable[[], list[Check]]]
 
 
 def in_process_plan(model_dir: Path, atol: float | None = None) -> list[Step]:
-    """The steps of Worker.start, one by one: load every version the repository's policies select (sha256,
+    """The steps of Lifecycle.start, one by one: load every version the repository's policies select (sha256,
     sessions), then the parity warm-up of each; a text encoder's also on the validation texts."""
     worker = Worker(Settings(model_dir=model_dir))
     try:  # before any step: a missing repository or the old layout is a plain one-line error
-        worker.runtime.repository.check_layout()
+        worker.lifecycle.control.repository.check_layout()
     except (LegacyLayout, OSError) as e:
         raise ValidateError(f"{e} or pass --model-dir") from None
     built: list[Model] = []
 
     def load() -> list[Check]:
         try:
-            built.extend(worker.load())
+            built.extend(worker.lifecycle.build_startup())
         except LOAD_ERRORS as e:
             raise ValidateError(str(e)) from None
         return []
 
     def warm_up() -> list[Check]:
-        figures = worker.warm_up(built)  # ModelLoadError past its own tolerance: the CLI reports it
+        figures = worker.lifecycle.warm_up(built)  # ModelLoadError past its own tolerance: the CLI reports it
         checks = [
             Check(f"{name}/{version}", "warm-up vs NumPy", diff, own if atol is None else atol)
             for (name, version), (diff, own) in figures.items()

@@ -5,8 +5,8 @@ NumPy reference. Publishing swaps in a new dict of the serving versions: a reque
 without a lock, and one holding a model object finishes on it after its version is retired or reloaded, which
 closes it (onnxruntime frees the session when the last holder lets go). Loads and unloads take one lock.
 
-The Runtime alone writes each version's State: a load is `build_versions` (LOADING) then `serve` (READY), a
-failure in it changes nothing that serves (`fail`), `retire` shows UNLOADING until the version is closed.
+The Runtime alone writes each version's State: a load is `build_versions` (LOADING) then `put_in_service`
+(READY), a failure in it changes nothing that serves (`fail`), `retire` shows UNLOADING until the version is closed.
 What to load is the caller's: `load` alone, app/server/control.py in a server.
 """
 
@@ -92,7 +92,7 @@ class Runtime:
         self.repository.check_layout()
         for name in self.repository.names():
             policy = self.repository.policy(name)
-            self.serve(self.build_versions(name, policy.select(self.repository.versions(name)), policy))
+            self.put_in_service(self.build_versions(name, policy.select(self.repository.versions(name)), policy))
 
     def build_versions(self, name: str, versions: list[int], policy: Policy) -> list[Model]:
         """These versions of a model, each LOADING then built, not warmed up; if one fails, none will serve."""
@@ -106,7 +106,7 @@ class Runtime:
                 raise
         return built
 
-    def serve(self, models: list[Model]) -> dict[tuple[str, str], tuple[float, float]]:
+    def put_in_service(self, models: list[Model]) -> dict[tuple[str, str], tuple[float, float]]:
         """Each version's parity warm-up; only once all passed, they serve together. (diff, atol) by (name, version)."""
         figures = {}
         for model in models:

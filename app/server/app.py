@@ -37,6 +37,7 @@ log = logging.getLogger("normserve.models")
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     worker: Worker = app.state.worker
+    lifecycle = worker.lifecycle
     logs.configure(worker.settings.log_level)
     heap.raise_thresholds()  # in each worker process: a request's arrays reused, not faulted in anew
     metrics.reap_dead_workers()
@@ -51,13 +52,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         except group.UnsafeFolder as e:
             log.error("%s", e)  # the one line to read among uvicorn's traceback; the server does not start
             raise
-    if worker.settings.model_control == "explicit" and folder is not None:  # loads reach every worker
-        worker.sync = modelsync.ModelSync(worker.control, folder, lambda: worker.admission.draining)
-    starting = asyncio.create_task(asyncio.to_thread(worker.start))  # liveness answers meanwhile
+    sync = lifecycle.share(folder) if worker.settings.model_control == "explicit" and folder is not None else None
+    starting = asyncio.create_task(asyncio.to_thread(lifecycle.start))  # liveness answers meanwhile
     if folder is not None:
         await replacement_started(folder, starting)
     polling = asyncio.create_task(poll(worker, starting)) if worker.settings.model_control == "poll" else None
-    watching = asyncio.create_task(modelsync.watch(worker.sync, starting, worker.settle)) if worker.sync else None
+    watching = asyncio.create_task(modelsync.watch(sync, starting, lifecycle.settle)) if sync else None  # peers' loads
     worker.drain.install()  # SIGTERM: not ready at once, in-flight requests finish, then uvicorn's shutdown
     heads.configure(worker.settings)  # head deadline and size, connection limit (app/server/http/heads.py)
     config = worker.drain.server_config()
@@ -70,8 +70,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     for task in (polling, watching):
         if task is not None:
             task.cancel()
-    if worker.sync is not None:
-        worker.sync.leave()
+    lifecycle.leave()
     await starting
     tracing.STATE.shutdown()  # flushes the spans still queued
     metrics.worker_exit()
@@ -98,8 +97,7 @@ async def poll(worker: Worker, starting: asyncio.Task[None]) -> None:
     while True:
         await asyncio.sleep(worker.settings.poll_interval_s)
         try:
-            await asyncio.to_thread(worker.control.poll)
-            worker.settle()
+            await asyncio.to_thread(worker.lifecycle.poll)
         except Exception:  # a folder half written or gone: the next scan sees it again, the loop must go on
             log.exception("poll: scanning %s failed", worker.settings.model_dir)
 

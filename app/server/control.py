@@ -137,7 +137,7 @@ class ModelControl:
             try:
                 policy, selected = self._plan(name)
                 models = self._build(name, policy, selected, reload)
-                self.runtime.serve(models)
+                self.runtime.put_in_service(models)
             except ModelNotFound:
                 raise
             except LOAD_ERRORS as e:
@@ -157,7 +157,7 @@ class ModelControl:
         with self.runtime.lock:
             try:
                 policy = policy or self.repository.policy(name)
-                self.runtime.serve(self.build_exactly(name, versions, policy))
+                self.runtime.put_in_service(self.build_exactly(name, versions, policy))
             except LOAD_ERRORS as e:
                 raise ModelLoadFailed(f"failed to load model {name!r}: {self.repository.relative(str(e))}") from None
             for version in sorted(set(self.runtime.serving.get(name, {})) - set(versions)):
@@ -176,7 +176,7 @@ class ModelControl:
             with self.runtime.lock:
                 try:
                     models = self.build(name) if exactly is None else self.build_exactly(name, exactly[name])
-                    figures |= self.runtime.serve(models)
+                    figures |= self.runtime.put_in_service(models)
                 except (*LOAD_ERRORS, ModelNotFound) as e:
                     failures[name] = self.repository.relative(str(e))
         return figures, failures

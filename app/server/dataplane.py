@@ -5,7 +5,7 @@ the body still to arrive; the data plane finds the model the request names (the 
 before the body, else the one its body names), admits the request, runs its stages on the event loop or in the
 threadpool, bounds it by the timeout, and counts it in the model's statistics. Nothing below it, neither a
 codec nor a model, calls back into it: a model tells each run to the statistics (telemetry/statistics.py).
-The repository's lifecycle (start, loads, unloads) is the Worker's (app/server/worker.py).
+The repository's lifecycle (start, loads, unloads) is another object, app/server/lifecycle.py.
 """
 
 from __future__ import annotations

@@ -138,13 +138,13 @@ def test_a_version_reloaded_in_place_closes_the_one_it_replaces(models: Path) ->
     old session alive: one thread and one session leaked per reload)."""
     runtime = Runtime(Settings(model_dir=models), in_flight=lambda: 2)  # another request in flight: hand off
     others = set(_batcher_threads("encoder/1"))  # other tests' runtimes serve an encoder/1 too
-    runtime.serve(runtime.build_versions("encoder", [1], runtime.repository.policy("encoder")))
+    runtime.put_in_service(runtime.build_versions("encoder", [1], runtime.repository.policy("encoder")))
     old = runtime.get("encoder")
     assert isinstance(old, EncoderModel) and old.batcher is not None
     x = np.zeros((1, 4, old.config.d_model), np.float32)
     old.batcher.run(x, np.zeros((1, 4), bool), ["output"])  # waits the delay for the other, then runs alone
     (thread,) = set(_batcher_threads("encoder/1")) - others
-    runtime.serve(runtime.build_versions("encoder", [1], runtime.repository.policy("encoder")))
+    runtime.put_in_service(runtime.build_versions("encoder", [1], runtime.repository.policy("encoder")))
     assert runtime.get("encoder") is not old
     thread.join(timeout=10)
     assert not thread.is_alive()
@@ -219,7 +219,7 @@ def test_built_versions_are_loading_until_they_serve_or_a_failed_start_abandons_
         IndexRow("layernorm", 1, State.LOADING, ""),
         IndexRow("layernorm", 2, State.LOADING, ""),
     ]
-    runtime.serve(built[:1])
+    runtime.put_in_service(built[:1])
     runtime.abandon("not loaded: the encoder failed")
     assert runtime.index()[-2:] == [
         IndexRow("layernorm", 1, State.UNAVAILABLE, "not loaded: the encoder failed"),

@@ -114,7 +114,7 @@ def test_the_routes_answer_from_the_apps_own_worker() -> None:
 
     before = run(readiness())  # no lifespan has run: the worker has not started
     assert before.status_code == 503 and before.json() == {"ready": False, "error": "not ready: models are loading"}
-    app.state.worker.start()
+    app.state.worker.lifecycle.start()
     after = run(readiness())
     assert after.status_code == 200 and after.json() == {"ready": True}
 

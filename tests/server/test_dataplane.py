@@ -107,7 +107,7 @@ def test_model_of_a_ready_worker_is_the_loaded_model(
     ready_worker: Worker, name: str, version: str | int | None
 ) -> None:
     model = ready_worker.plane.model(name, version)
-    assert model is ready_worker.runtime.serving[name][1] and model.version == "1"
+    assert model is ready_worker.plane.runtime.serving[name][1] and model.version == "1"
 
 
 @pytest.mark.parametrize(
@@ -223,7 +223,7 @@ def test_a_job_no_thread_took_before_the_timeout_frees_its_slot_at_once_and_neve
         assert worker.admission.count() == 0  # the waiter claimed the job: its slot is free now
         occupant.release.set()
         await occupying
-        await asyncio.sleep(0.1)
+        await anyio.to_thread.run_sync(lambda: None)  # the one thread, after whatever was queued before (FIFO)
         assert not job.started.is_set()
 
     asyncio.run(scenario())
@@ -471,7 +471,7 @@ def test_statistics_of_a_model_are_of_each_version_serving(
     add_version(root, "layernorm", 2)
     (root / "layernorm/model.json").write_text(json.dumps({"version_policy": {"all": {}}}))
     worker = Worker(Settings(model_dir=root))
-    worker.start()
+    worker.lifecycle.start()
     stats = worker.plane.statistics(name, version)["model_stats"]
     assert [(s["name"], s["version"]) for s in stats] == reported
 

@@ -162,8 +162,8 @@ def test_the_servers_shutdown_wait_is_bounded_by_what_is_left_of_the_drain_timeo
     async def scenario() -> None:
         assert drain.install()
         os.kill(os.getpid(), signal.SIGTERM)
-        await asyncio.sleep(0.05)
-        admission.leave()
+        await until(lambda: REGISTRY.get_sample_value("normserve_ready") == 0, "the drain's start on the loop")
+        admission.leave()  # the last request ends once the drain waits for it
         await until(lambda: uvicorn_server.should_exit)
         drain.uninstall()
 
@@ -190,7 +190,7 @@ def test_a_second_signal_goes_straight_to_the_servers_handler(signal_handlers: N
         await until(lambda: REGISTRY.get_sample_value("normserve_ready") == 0, "the drain's start on the loop")
         assert calls == [] and admission.draining  # the first one only drains
         os.kill(os.getpid(), sig)
-        await asyncio.sleep(0)
+        await until(lambda: calls, "the second signal handed on")
         second = list(calls)  # called from the signal itself (with its frame), while the drain still waits
         admission.leave()
         await until(lambda: len(calls) == 2)

@@ -32,6 +32,7 @@ from app.settings import Settings
 from benchmarks.servers import Server
 from tests.cli.normserve import NORMSERVE
 from tests.live_server import cli_server
+from tests.polling import wait_until
 from tests.repositories import add_version, copy_models, learned_layernorm
 
 TOKEN = "sync-token"
@@ -81,13 +82,14 @@ def workers(server: Server, count: int) -> set[int]:
 
 def all_started(server: Server, count: int) -> None:
     """Until `count` workers have loaded their start-up models (each acknowledges in the server's shared folder,
-    just before it reports ready): a server answers ready as soon as its first worker is."""
+    just before it reports ready), then until every one of them is ready: a server answers ready as soon as its
+    first worker is, but its normserve_ready gauge is the least ready live worker's (each one's 0 from its start)."""
     folder = group.runtime_dir() / f"server-{server.pid}-{group.started_at(server.pid)}"
     deadline = time.monotonic() + 60
     while sum(json.loads(f.read_text())["generation"] >= 0 for f in folder.glob("worker-*.json")) < count:
         assert time.monotonic() < deadline, f"fewer than {count} workers started"
         time.sleep(0.05)
-    time.sleep(0.05)  # past the moment it marks itself ready
+    wait_until(lambda: "\nnormserve_ready 1.0\n" in httpx.get(f"{server.base}/metrics").text, "every worker ready", 60)
 
 
 @pytest.fixture
@@ -179,7 +181,7 @@ def test_a_worker_started_later_serves_what_the_others_serve(repository: Path, s
 def _sync(root: Path, folder: Path) -> ModelSync:
     control = ModelControl(Runtime(Settings(model_dir=root, model_control="explicit")))
     for name in control.startup_names():
-        control.runtime.serve(control.build(name))
+        control.runtime.put_in_service(control.build(name))
     sync = ModelSync(control, folder)
     sync.started()
     return sync

@@ -27,7 +27,7 @@ from tests.server.stages import Stages
 def ready_worker() -> Worker:
     """A worker on the repo's models, with the default dynamic batching (the encoders have a batcher)."""
     worker = Worker(Settings(model_dir=MODELS))
-    worker.start()
+    worker.lifecycle.start()
     assert worker.admission.ready, worker.admission.not_ready_reason
     return worker
 

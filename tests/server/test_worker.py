@@ -1,30 +1,20 @@
-"""app/server/worker.py: start (load, warm up, ready), and a start that left a model failing settling once it serves.
+"""app/server/worker.py: what one process builds once, and the one readiness its data plane and its lifecycle share.
 
-The workers here are real: Settings and the repo's exported models (or a copy of them with one thing broken).
-What a started worker serves: tests/server/test_dataplane.py.
+The workers here are real: Settings and the repo's exported models. The lifecycle itself (start, loads, unloads):
+tests/server/test_lifecycle.py; what a started worker serves: tests/server/test_dataplane.py.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import shutil
-from collections.abc import Iterator
-from pathlib import Path
+import asyncio
 from typing import Any
 
-import numpy as np
 import pytest
-from prometheus_client import REGISTRY
 
-from app.core.runtime import Runtime
-from app.errors import NotReady
+from app.errors import BudgetExhausted, NotReady
 from app.server.worker import Worker
 from app.settings import Settings
 from tests.live_server import MODELS
-from tests.repositories import BROKEN, broken_copy, copy_models, not_ready_reason
-from tests.server.log_records import captured
 
 MODEL_NAMES = ["encoder", "encoder-preln", "layernorm"]
 WAIT_S = 10.0  # the longest a blocked job or a wait here lasts, so that a failing test never hangs
@@ -33,114 +23,33 @@ WAIT_S = 10.0  # the longest a blocked job or a wait here lasts, so that a faili
 def started(**settings: Any) -> Worker:
     """A worker on the repo's models, started as the app's lifespan starts it."""
     worker = Worker(Settings(model_dir=MODELS, **settings))
-    worker.start()
+    worker.lifecycle.start()
     assert worker.admission.ready, worker.admission.not_ready_reason
     return worker
 
 
-@pytest.fixture
-def lifecycle_log() -> Iterator[list[logging.LogRecord]]:
-    """The records of the `normserve` logger (the worker's start-up lines) while the test runs."""
-    with captured("normserve") as records:
-        yield records
-
-
-def own_lines(records: list[logging.LogRecord], level: int) -> list[logging.LogRecord]:
-    return [r for r in records if r.name == "normserve" and r.levelno == level]
-
-
-# ---- start: verify sha256 -> sessions -> parity warm-up -> ready ------------------------------------------
-
-
-def test_start_verifies_warms_up_and_then_makes_the_worker_ready(lifecycle_log: list[logging.LogRecord]) -> None:
+def test_what_the_lifecycle_starts_is_what_the_data_plane_serves() -> None:
     worker = Worker(Settings(model_dir=MODELS))
-    assert (worker.admission.ready, worker.admission.not_ready_reason) == (False, "models are loading")
-    worker.start()
+    with pytest.raises(NotReady) as e:  # one readiness: the plane refuses until the lifecycle has started
+        worker.plane.model("layernorm")
+    assert e.value.message == "server is not ready: models are loading"
+    worker.lifecycle.start()
     assert worker.admission.ready and worker.admission.accepting
-    assert [(m.name, m.version) for m in worker.runtime.models] == [(name, "1") for name in MODEL_NAMES]
-    assert {name: sorted(versions) for name, versions in worker.runtime.serving.items()} == {
-        name: [1] for name in MODEL_NAMES
-    }
-    (ready,) = own_lines(lifecycle_log, logging.INFO)
-    diffs: dict[str, float] = vars(ready)["parity_max_abs_diff"]  # an `extra` field of the record, by name/version
-    assert sorted(diffs) == sorted(f"{name}/1" for name in MODEL_NAMES) and all(0 <= d < 1e-4 for d in diffs.values())
-    loaded = [r.getMessage() for r in lifecycle_log if r.name == "normserve.models" and r.levelno == logging.INFO]
-    assert [m.split(" (sha256")[0] for m in loaded] == [f"loaded model {name} version 1" for name in MODEL_NAMES]
-    for model in worker.runtime.models:  # the gauges of /metrics hold what this start measured
-        labels = {"model": model.name, "version": model.version}
-        assert REGISTRY.get_sample_value("normserve_model_load_seconds", labels) == model.load_seconds > 0
-        assert REGISTRY.get_sample_value("normserve_model_parity_max_abs_diff", labels) == diffs[f"{model.name}/1"]
-        assert REGISTRY.get_sample_value("normserve_model_ready", labels) == 1.0
+    for name in MODEL_NAMES:
+        assert worker.plane.model(name) is worker.lifecycle.runtime.serving[name][1]
+    assert [m["name"] for m in worker.plane.statistics()["model_stats"]] == MODEL_NAMES
 
 
-@pytest.mark.parametrize("how", BROKEN)
-def test_start_with_a_broken_model_dir_leaves_the_worker_live_but_not_ready_with_the_reason(
-    tmp_path: Path, lifecycle_log: list[logging.LogRecord], how: str
-) -> None:
-    models = broken_copy(tmp_path, how)
-    reason = not_ready_reason(models, how)
-    worker = Worker(Settings(model_dir=models))
-    worker.start()  # returns, so the process goes on serving liveness and this reason
-    assert (worker.admission.ready, worker.admission.not_ready_reason) == (False, reason)
-    (line,) = own_lines(lifecycle_log, logging.ERROR)
-    assert line.getMessage() == "not ready: " + reason.removeprefix("model check failed: ")
-    assert vars(line)["reason"] == reason
-    broken = "encoder" if how == "missing" else "layernorm"
-    with pytest.raises(NotReady) as e:
-        worker.plane.model(broken)
-    assert e.value.message == f"server is not ready: {reason}"
-    # Strict readiness, but the models that loaded serve (as Triton's do): no 503 for a request to them.
-    assert [m.name for m in worker.runtime.models] == [n for n in MODEL_NAMES if n != broken]
-    assert worker.plane.model("encoder-preln").name == "encoder-preln"
-    worker.admission.enter()
-    worker.admission.leave()
+@pytest.mark.parametrize("refused", [False, True], ids=["full", "full-and-refused"])
+def test_the_body_budget_refusing_everything_makes_the_started_worker_not_accepting(refused: bool) -> None:
+    """The budget is the worker's, every transport's: readiness reports it refusing everything."""
+    worker = started(max_inflight_bytes=1024)
 
+    async def fill() -> None:
+        await worker.budget.take(1024)
+        if refused:
+            with pytest.raises(BudgetExhausted):
+                await worker.budget.take(512, wait_s=0)
 
-def test_start_with_weights_that_fail_the_parity_warm_up_is_not_ready(tmp_path: Path) -> None:
-    models = tmp_path / "models"
-    copy_models(models)
-    folder = models / "encoder/1"
-    manifest = json.loads((folder / "manifest.json").read_text())
-    with np.load(folder / "weights.npz") as npz:
-        weights = {k: npz[k] for k in npz.files}
-    name = next(k for k in sorted(weights) if k.endswith("weight") and weights[k].ndim == 2)
-    np.savez(folder / "weights.npz", **{**weights, name: weights[name] * 1.01})  # the reference now differs
-    manifest["files"]["weights.npz"] = hashlib.sha256((folder / "weights.npz").read_bytes()).hexdigest()  # sha256 ok
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    model = Runtime(Settings(model_dir=models)).build("encoder", 1)  # built: sha256 and session pass
-    diff, atol = model.warm_up()  # the same fixed-input warm-up, run here once more
-    assert diff > atol
-    labels = {"model": "encoder", "version": "1"}
-    failures = REGISTRY.get_sample_value("normserve_model_load_failures_total", labels) or 0.0
-    worker = Worker(Settings(model_dir=models))
-    worker.start()
-    assert not worker.admission.ready
-    assert worker.admission.not_ready_reason == (
-        f"model check failed: encoder/1/model.onnx: parity warm-up failed, max abs diff {diff:.3g} > {atol:.3g}"
-    )
-    assert [m.name for m in worker.runtime.models] == ["encoder-preln", "layernorm"]  # the others serve
-    assert REGISTRY.get_sample_value("normserve_model_load_failures_total", labels) == failures + 1
-
-
-def test_warm_up_runs_show_in_the_inference_metric_but_are_no_executions_of_the_statistics() -> None:
-    def warm_up_runs() -> float:
-        labels = {"model": "layernorm", "version": "1"}
-        return REGISTRY.get_sample_value("normserve_inference_duration_seconds_count", labels) or 0.0
-
-    before = warm_up_runs()
-    worker = started()
-    assert warm_up_runs() > before
-    stats = worker.statistics.report([(name, "1") for name in MODEL_NAMES])["model_stats"]
-    assert [s["execution_count"] for s in stats] == [0, 0, 0]
-
-
-def test_a_start_that_left_a_model_failing_is_ready_once_that_model_loads(tmp_path: Path) -> None:
-    models = broken_copy(tmp_path, "tampered")
-    worker = Worker(Settings(model_dir=models, model_control="explicit", admin_token="t"))
-    worker.start()
-    worker.settle()  # nothing changed: still not ready, for the same reason
-    assert (worker.admission.ready, worker.admission.not_ready_reason) == (False, not_ready_reason(models, "tampered"))
-    shutil.copy(MODELS / "layernorm/1/model.onnx", models / "layernorm/1/model.onnx")  # the file as exported
-    worker.control.load("layernorm")
-    worker.settle()
-    assert worker.admission.ready and worker.plane.model("layernorm").name == "layernorm"
+    asyncio.run(fill())
+    assert (worker.budget.refusing(), worker.admission.accepting) == (refused, not refused)

@@ -20,7 +20,8 @@ def test_importing_the_app_does_not_import_torch_or_onnx() -> None:
 
 # (modules, a package none of them may import): a protocol's transports stand side by side, each on the
 # protocol's own rules (app/server/api/v2: rules, config, schemas); the pipeline knows no protocol and no HTTP;
-# gRPC takes nothing from HTTP's plumbing (app/server/http); telemetry serves every protocol; the core is no server.
+# gRPC takes nothing from HTTP's plumbing (app/server/http); the data plane and the repository's lifecycle are two
+# objects, neither reaching into the other; telemetry serves every protocol; the core is no server.
 SEPARATE = [
     ("app/server/api/v2/grpc", "app.server.api.v2.http"),
     ("app/server/api/v2/http", "app.server.api.v2.grpc"),
@@ -35,6 +36,11 @@ SEPARATE = [
     ("app/server/dataplane.py", "app.server.api"),
     ("app/server/dataplane.py", "app.server.http"),
     ("app/server/dataplane.py", "app.server.worker"),
+    ("app/server/dataplane.py", "app.server.lifecycle"),
+    ("app/server/lifecycle.py", "app.server.dataplane"),
+    ("app/server/lifecycle.py", "app.server.worker"),
+    ("app/server/lifecycle.py", "app.server.api"),
+    ("app/server/lifecycle.py", "app.server.http"),
     ("app/server/api/rest", "app.server.worker"),
     ("app/server/api/v2/grpc", "app.server.http"),
     ("app/server/telemetry", "app.server.api"),

@@ -51,7 +51,7 @@ CASES = [
 def app() -> NormserveApp:
     app = create_app(Settings(model_dir=MODELS, grpc_port=0, batch_max_size=1))
     assert isinstance(app, NormserveApp)
-    app.state.worker.start()
+    app.state.worker.lifecycle.start()
     assert app.state.worker.admission.ready
     app.middleware_stack = app.build_middleware_stack()  # as the app's first call (the lifespan's, in uvicorn) does
     return app
@@ -167,7 +167,7 @@ def tagged() -> NormserveApp:
     app = create_app(Settings(model_dir=MODELS, grpc_port=0, batch_max_size=1))
     assert isinstance(app, NormserveApp)
     app.add_middleware(Tagging, tag="user")
-    app.state.worker.start()
+    app.state.worker.lifecycle.start()
     return app
 
 

@@ -1,5 +1,5 @@
-"""inference.GRPCInferenceService: thin handlers on the data plane (the repository's on the Worker), as the HTTP
-V2 routes are.
+"""inference.GRPCInferenceService: thin handlers on the data plane (the repository's on the lifecycle), as the
+HTTP V2 routes are.
 
 Each RPC is a method of that name taking (request, context, call); app/server/api/v2/grpc/server.py
 registers them from the service's descriptor, wrapped by app/server/api/v2/grpc/calls.py (statuses,
@@ -59,8 +59,9 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
     """The RPCs of one worker; `close()` ends its streams once their answers are sent (shutdown)."""
 
     def __init__(self, worker: Worker) -> None:
-        self.worker = worker  # the repository's RPCs: its lifecycle
-        self.plane = worker.plane  # the others: the data plane
+        self.worker = worker  # its settings (the admin token) and admission (readiness)
+        self.plane = worker.plane  # inference, metadata, statistics
+        self.lifecycle = worker.lifecycle  # the repository's RPCs
         self._readers: set[asyncio.Task[None]] = set()
         self.closing = False
 
@@ -99,19 +100,19 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
 
     async def RepositoryIndex(self, request: Any, context: Any, call: Call) -> Any:
         self._admin(context)
-        return messages.repository_index(self.worker.runtime.index(), request.ready)
+        return messages.repository_index(self.lifecycle.index(), request.ready)
 
     async def RepositoryModelLoad(self, request: Any, context: Any, call: Call) -> Any:
         """As HTTP's load: explicit mode only; done (or failed, with the reason) when it answers."""
         self._admin(context, "load")
         name = self._control(request, "load", call)
-        await self.worker.operations.run("load", lambda deadline: self.worker.load_model(name, deadline))
+        await self.lifecycle.load(name)
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any, context: Any, call: Call) -> Any:
         self._admin(context, "unload")
         name = self._control(request, "unload", call)
-        await self.worker.operations.run("unload", lambda deadline: self.worker.unload_model(name, deadline))
+        await self.lifecycle.unload(name)
         return pb.RepositoryModelUnloadResponse()
 
     def _admin(self, context: Any, action: str | None = None) -> None:
@@ -123,8 +124,8 @@ class InferenceService(TraceLogRPCs):  # TraceSetting and LogSettings: tracelog.
             unknown = sorted(set(request.parameters) - ({"unload_dependents"} if action == "unload" else set()))
             if unknown:
                 raise InvalidInput("not supported; the repository folder is what loads", f"parameters.{unknown[0]}")
-        self.worker.control.check_explicit(action, name)
-        call.model = name if name in self.worker.runtime.serving else ""  # bounded: only served names label metrics
+        self.lifecycle.check_explicit(action, name)
+        call.model = name if self.lifecycle.serves(name) else ""  # bounded: only served names label metrics
         return name
 
     async def ModelInfer(self, request: Any, context: Any, call: Call) -> wire.Encoded:

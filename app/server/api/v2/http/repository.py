@@ -1,6 +1,6 @@
 """Triton's model repository and model configuration extensions over HTTP: index, load, unload, config.
 
-Thin routes on the Worker's ModelControl (app/server/control.py): the admin token first
+Thin routes on the worker's lifecycle (app/server/lifecycle.py): the admin token first
 (app/server/api/admin.py), then the name is checked (app/core/repository.py) before any path is
 built from it. Loads and unloads queue, one at a time, and run on the worker's control thread
 (app/server/operations.py): a load's session build and warm-up take seconds of CPU, and inference
@@ -58,7 +58,7 @@ async def _admin_body(
 async def index(request: Request, worker: Worker) -> Response:
     """Every version in the repository folder with its state (READY, UNAVAILABLE, LOADING, UNLOADING) and reason."""
     doc = await _admin_body(request, worker, {"ready": bool})
-    rows = [r for r in worker.runtime.index() if r.state is State.READY or not doc.get("ready")]
+    rows = [r for r in worker.lifecycle.index() if r.state is State.READY or not doc.get("ready")]
     return json_response(
         [{"name": r.name, "version": str(r.version), "state": r.state.value, "reason": r.reason} for r in rows]
     )
@@ -69,9 +69,9 @@ async def load(name: str, request: Request, worker: Worker) -> Response:
     """Load the versions the model's version_policy selects (sha256, session, parity warm-up), then retire the
     others; 200 once they serve, 400 with the reason when a load fails (what served goes on serving)."""
     await _admin_body(request, worker, {}, "load")
-    worker.control.check_explicit("load", check_name(name))
-    models = await worker.operations.run("load", lambda deadline: worker.load_model(name, deadline))
-    serving = sorted(worker.runtime.serving.get(name, {}))
+    worker.lifecycle.check_explicit("load", check_name(name))
+    models = await worker.lifecycle.load(name)
+    serving = worker.lifecycle.serving_versions(name)
     return json_response({"name": name, "loaded": [m.version for m in models], "serving": [str(v) for v in serving]})
 
 
@@ -79,8 +79,8 @@ async def load(name: str, request: Request, worker: Worker) -> Response:
 async def unload(name: str, request: Request, worker: Worker) -> Response:
     """Stop serving every version of the model; requests already running on one finish on it."""
     await _admin_body(request, worker, {"parameters.unload_dependents": bool}, "unload")
-    worker.control.check_explicit("unload", check_name(name))
-    versions = await worker.operations.run("unload", lambda deadline: worker.unload_model(name, deadline))
+    worker.lifecycle.check_explicit("unload", check_name(name))
+    versions = await worker.lifecycle.unload(name)
     return json_response({"name": name, "unloaded": [str(v) for v in versions]})
 
 

@@ -11,9 +11,11 @@ from tritonclient.utils import InferenceServerException
 
 from tests.repositories import copy_models, learned_layernorm
 from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
+from tests.triton_clients import TritonOn
 
 TOKEN = "grpc-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
+TRITON = TritonOn("live", "grpc")  # tests/conftest.py's `triton`, on this module's server
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +32,6 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
     }
     with grpc_server(tmp, env) as server:
         yield server
-
-
-@pytest.fixture(scope="module")
-def triton(live: GrpcServer) -> Iterator[tg.InferenceServerClient]:
-    client = tg.InferenceServerClient(live.address)
-    yield client
-    client.close()
 
 
 def _index(triton: tg.InferenceServerClient) -> list[tuple[str, str, str]]:

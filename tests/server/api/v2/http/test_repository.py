@@ -16,9 +16,11 @@ import tritonclient.http as th
 
 from tests.live_server import live_server
 from tests.repositories import add_version, copy_models, learned_layernorm
+from tests.triton_clients import TritonOn
 
 TOKEN = "repo-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TRITON = TritonOn("explicit", "http", {"network_timeout": 120})  # tests/conftest.py's `triton`, on this server
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +42,6 @@ def explicit(repository: Path) -> Iterator[str]:
     }
     with live_server(env) as base:
         yield base
-
-
-@pytest.fixture(scope="module")
-def triton(explicit: str) -> Iterator[th.InferenceServerClient]:
-    client = th.InferenceServerClient(explicit.removeprefix("http://"), network_timeout=120)
-    yield client
-    client.close()
 
 
 def test_tritonclient_loads_unloads_and_lists_with_the_token(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -13,17 +12,12 @@ from app import __version__
 from app.core import reference
 from app.core.runtime import Runtime
 from app.core.seeds import SEED003
+from tests.triton_clients import TritonOn
 
 LN_OUTPUTS = ["output", "mean", "inv_std_dev"]
 ENCODERS = ["encoder", "encoder-preln"]
+TRITON = TritonOn("server", "http", {"network_timeout": 60})  # tests/conftest.py's `triton`, on the shared server
 LN_ATOL = 2e-5  # the spec's 1e-5 fidelity plus float32 rounding of outputs near 1
-
-
-@pytest.fixture(scope="module")
-def triton(server: str) -> Iterator[th.InferenceServerClient]:
-    client = th.InferenceServerClient(url=server.removeprefix("http://"), network_timeout=60)
-    yield client
-    client.close()
 
 
 def _input(name: str, arr: np.ndarray, binary: bool = True) -> th.InferInput:

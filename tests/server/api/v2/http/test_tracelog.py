@@ -16,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
 from tests.server.otlp_receiver import Receiver, otlp_receiver, tracing_env
+from tests.triton_clients import TritonOn
 
 TOKEN = "s3cret-admin"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -43,6 +44,7 @@ ROUTES = [
     ("GET", "/v2/logging"),
     ("POST", "/v2/logging"),
 ]
+TRITON = TritonOn("admin", "http")  # tests/conftest.py's `triton`, with the token on each call
 MISSING = "authorization: expected `Authorization: Bearer <token>` (NORMSERVE_ADMIN_TOKEN is set)"
 
 
@@ -59,16 +61,18 @@ def admin(receiver: Receiver, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield server
 
 
-@pytest.fixture
-def triton(admin: GrpcServer) -> Iterator[th.InferenceServerClient]:
-    """tritonclient.http with the token; the settings are put back to their defaults after each test."""
-    client = th.InferenceServerClient(admin.base.removeprefix("http://"))
-    yield client
+@pytest.fixture(autouse=True)
+def defaults(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test that takes tritonclient.http (tests/conftest.py's `triton`, TRITON here): the settings put
+    back to their defaults."""
+    yield
+    if "triton" not in request.fixturenames:
+        return
+    client: th.InferenceServerClient = request.getfixturevalue("triton")
     for model in ("layernorm", "encoder"):
         client.update_trace_settings(model, {k: None for k in ("trace_level", "trace_rate", "trace_count")}, AUTH)
     client.update_trace_settings(settings={k: None for k in ("trace_level", "trace_rate", "trace_count")}, headers=AUTH)
     client.update_log_settings({"log_info": True, "log_verbose_level": 0}, headers=AUTH)
-    client.close()
 
 
 def test_v2_lists_the_trace_and_logging_extensions(admin: GrpcServer) -> None:
