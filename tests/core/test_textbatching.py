@@ -4,19 +4,14 @@ text's answer equals that text run alone (1e-5), whatever it was grouped with.""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from app.core.runtime import Runtime
 from app.core.textbatching import TextBatcher, length_groups, stack
 from app.core.textencoder import TextEncoderModel
-from app.settings import Settings
 
 pytest.importorskip("torch")
-
-MAX_LEN = 24
 
 
 @pytest.mark.parametrize(
@@ -36,18 +31,8 @@ def test_length_groups_pad_each_group_to_its_longest_within_the_budget(
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> TextEncoderModel:
-    from app.export.textexport import export_text_encoder
-    from tests.textmodels import tiny_model
-
-    root = tmp_path_factory.mktemp("textbatching")
-    tiny = tiny_model(root / "hf", "bert")
-    export_text_encoder(root / "models", "bert", tiny.path, max_seq_length=MAX_LEN)
-    rt = Runtime(Settings(model_dir=Path(root / "models")))
-    rt.load()
-    served = rt.get("bert")
-    assert isinstance(served, TextEncoderModel)
-    return served
+def model(tiny_bert: TextEncoderModel) -> TextEncoderModel:
+    return tiny_bert
 
 
 TEXTS = ["a b", "Café naïve façade, déjà vu!", "東京は日本の首都です。", " ".join(["long words"] * 20), "Emoji 🙂"]

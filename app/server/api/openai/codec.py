@@ -113,7 +113,7 @@ def tokens_of(model: TextEncoderModel, value: Any, truncate: bool) -> TextInput:
         )
     first = value[0]
     if isinstance(first, int) and not isinstance(first, bool):
-        return model.from_ids([value], "input")  # one text's ids
+        return model.from_ids(value, "input", flat=True)  # one text's ids
     _at_most(len(value))
     if isinstance(first, list):
         return model.from_ids(value, "input")
