@@ -5,6 +5,9 @@ the input."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,6 +17,8 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.core.test_textencoder import MAX_LEN, USER_ATOL, USER_COSINE, cosines, users_model
+from tests.live_server import ROOT
 from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
 
 pytest.importorskip("torch")
@@ -21,12 +26,12 @@ th = pytest.importorskip("tritonclient.http")
 tg = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402 - after the skip
 
-MAX_LEN = 24
 TEXTS = ["The quick brown fox.", "Café naïve façade, déjà vu!", "東京は日本の首都です。", "Emoji 🙂 too"]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The exported versions under models/, named by model_type; the user's HF folders under hf/."""
     from app.export.textexport import export_text_encoder
     from tests.textmodels import tiny_model
 
@@ -34,6 +39,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
     for seed, model_type in enumerate(("bert", "roberta")):
         tiny = tiny_model(root / "hf" / model_type, model_type, seed=seed)
         export_text_encoder(root / "models", model_type, tiny.path, max_seq_length=MAX_LEN)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path) -> Iterator[GrpcServer]:
+    root = repository
     # A budget of 128 tokens cuts pooled texts into several length groups; a batch waits up to 0.1 s for the others
     # in flight (a request alone never waits), so that concurrent requests do pool; and a gRPC call holds room for
     # a message of 1 MiB, not 64, so that 24 of them are in flight at once.
@@ -149,6 +160,35 @@ def test_concurrent_text_requests_pool_and_each_answers_as_its_text_alone(
             assert not got_hidden[n:].any()  # padding carries nothing
 
 
+@pytest.fixture(scope="module")
+def kserve_answers(server: GrpcServer) -> dict[str, dict[str, Any]]:
+    """What KServe's REST and gRPC clients got for TEXTS and their ids, per model (one process: see the client)."""
+    answers = {}
+    for model in ("bert", "roberta"):
+        ids, mask = token_arrays(server, model)
+        request = {"texts": TEXTS, "input_ids": ids.tolist(), "attention_mask": mask.tolist()}
+        command = [sys.executable, "-m", "tests.server.api.v2.kserve_text_client", server.base, server.address, model]
+        done = subprocess.run([*command, json.dumps(request)], cwd=ROOT, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-3000:]
+        answers[model] = json.loads(done.stdout.splitlines()[-1])
+    return answers
+
+
+@pytest.mark.parametrize("model", ["bert", "roberta"])
+@pytest.mark.parametrize("client", ["rest", "grpc"])
+@pytest.mark.parametrize("what", ["text", "ids"])
+@pytest.mark.parametrize("way", ["json", "binary"])
+def test_kserves_clients_get_the_users_model(
+    repository: Path, kserve_answers: dict[str, dict[str, Any]], model: str, client: str, what: str, way: str
+) -> None:
+    """KServe's clients, texts as BYTES or their token ids as INT64, each in JSON (gRPC: typed contents) and binary
+    (gRPC: raw_input_contents): the user's own model's embeddings (cosine >= 0.99999, max abs <= 2e-5)."""
+    got = np.array(kserve_answers[model][f"{client}-{what}-{way}"])
+    theirs = users_model(repository, model, TEXTS)
+    assert got.shape == theirs.shape
+    assert np.abs(got - theirs).max() <= USER_ATOL and cosines(got, theirs).min() >= USER_COSINE
+
+
 def test_metadata_and_config_describe_text_and_tokens(server: GrpcServer) -> None:
     metadata = httpx.get(f"{server.base}/v2/models/bert", timeout=30).json()
     config = httpx.get(f"{server.base}/v2/models/bert/config", timeout=30).json()
@@ -166,8 +206,6 @@ def test_metadata_and_config_describe_text_and_tokens(server: GrpcServer) -> Non
 
 
 def raw_http(server: GrpcServer, inputs: list[dict[str, Any]], binary: bytes = b"") -> httpx.Response:
-    import json
-
     header = json.dumps({"inputs": inputs}).encode()
     headers = {"Inference-Header-Content-Length": str(len(header))} if binary else {}
     return httpx.post(f"{server.base}/v2/models/bert/infer", content=header + binary, headers=headers, timeout=30)
