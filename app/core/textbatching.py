@@ -85,9 +85,8 @@ def _run_groups(model: TextEncoderModel, pending: Sequence[Rows], budget: int) -
         out = model.infer(stack([(p.request, i) for p, i in members], model.config.pad_token_id, hidden))
         for j, (p, i) in enumerate(members):
             p.embeddings[i] = out.sentence_embedding[j]
-            # copies: a view would hold the whole group's outputs for the request's life
             n = p.request.tokens[i]
-            if p.layer_norms:
+            if p.layer_norms:  # copies: a view would hold the whole group's outputs for the request's life
                 p.stats[i] = [(name, mean[j, :n].copy(), std[j, :n].copy()) for name, mean, std in out.layer_norms]
             if p.request.hidden_states and out.last_hidden_state is not None:
                 p.hidden[i] = out.last_hidden_state[j, :n].copy()
@@ -112,8 +111,8 @@ class TextBatcher:
         assert model is not None  # the caller holds it
         embeddings = np.empty((len(request.tokens), model.config.hidden_size), np.float32)
         empty = np.empty((0, model.config.hidden_size), np.float32)
-        item = Rows(request, embeddings, [[] for _ in request.tokens], [empty for _ in request.tokens])
-        item.layer_norms = getattr(request, "layer_norms", True)
+        stats: list[Stats] = [[] for _ in request.tokens]
+        item = Rows(request, embeddings, stats, [empty] * len(stats), getattr(request, "layer_norms", True))
         if self._in_flight() <= 1:  # alone in the worker: nothing to pool with, so no hand-off
             _run_groups(model, [item], self.budget)
             return item
