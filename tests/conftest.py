@@ -67,6 +67,30 @@ def minilm_export(tmp_path_factory: pytest.TempPathFactory, minilm: Any) -> Any:
     return export_text_encoder(tmp_path_factory.mktemp("minilm") / "models", "minilm", minilm.get_model_path())
 
 
+TINY_MAX_LEN = 24  # tiny_bert's maximum length: tests' longest texts go past it
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A tiny random BERT (tests/textmodels.py) exported with a maximum length of TINY_MAX_LEN and loaded as served
+    (a PooledTextEncoder, in this process): for the tests that need a text encoder's tokenizer and checks, not a
+    server."""
+    pytest.importorskip("torch")
+    from app.core.runtime import Runtime
+    from app.core.textencoder import TextEncoderModel
+    from app.export.textexport import export_text_encoder
+    from app.settings import Settings
+    from tests.textmodels import tiny_model
+
+    root = tmp_path_factory.mktemp("tiny-bert")
+    export_text_encoder(root / "models", "bert", tiny_model(root / "hf", "bert").path, max_seq_length=TINY_MAX_LEN)
+    rt = Runtime(Settings(model_dir=root / "models"))
+    rt.load()
+    served = rt.get("bert")
+    assert isinstance(served, TextEncoderModel)
+    return served
+
+
 @pytest.fixture(scope="session")
 def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The serve install as the README gives it, `pip install -e <checkout>` in a fresh venv: no extras (about a minute:

@@ -215,6 +215,12 @@ class Model(ABC):
         self.monitor_sample = loaded.settings.monitor_sample
 
     @property
+    def blocks(self) -> bool:
+        """Whether a run may block its caller while concurrent requests gather (a batcher): the data plane then
+        never runs it on the event loop, where nothing else could arrive to join it."""
+        return self.batcher is not None
+
+    @property
     def version_policy(self) -> dict[str, Any] | None:
         """model.json's version_policy, which the config reports."""
         return self.policy.version_policy if self.policy is not None else None

@@ -63,27 +63,33 @@ def stack(rows: Sequence[tuple[TextInput, int]], pad_id: int, hidden_states: boo
 
 
 @dataclass(eq=False)
-class _Pending:
+class Rows:
+    """One request's answer, filled group by group: each text's own rows, whatever it was grouped with."""
+
     request: TextInput
-    embeddings: np.ndarray  # B,C, filled group by group
-    stats: list[Stats]
+    embeddings: np.ndarray  # B,C
+    stats: list[Stats]  # per text, when its caller reads the LayerNorm statistics
+    hidden: list[np.ndarray]  # per text (n,C) over its own tokens, when request.hidden_states
     layer_norms: bool = True  # whether its caller reads each text's LayerNorm statistics
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
 
 
-def _run_groups(model: TextEncoderModel, pending: Sequence[_Pending], budget: int) -> None:
+def _run_groups(model: TextEncoderModel, pending: Sequence[Rows], budget: int) -> None:
     """The texts of these requests, pooled, run by length groups; each request's rows written into it."""
     rows = [(p, i) for p in pending for i in range(len(p.request.input_ids))]
     lengths = [p.request.tokens[i] for p, i in rows]
     for group in length_groups(lengths, budget):
         members = [rows[k] for k in group]
-        out = model.infer(stack([(p.request, i) for p, i in members], model.config.pad_token_id))
+        hidden = any(p.request.hidden_states for p, _ in members)  # (B,T,C): only when a member's caller reads it
+        out = model.infer(stack([(p.request, i) for p, i in members], model.config.pad_token_id, hidden))
         for j, (p, i) in enumerate(members):
             p.embeddings[i] = out.sentence_embedding[j]
-            if p.layer_norms:  # copies: a view would hold the whole group's statistics for the request's life
-                n = p.request.tokens[i]
+            n = p.request.tokens[i]
+            if p.layer_norms:  # copies: a view would hold the whole group's outputs for the request's life
                 p.stats[i] = [(name, mean[j, :n].copy(), std[j, :n].copy()) for name, mean, std in out.layer_norms]
+            if p.request.hidden_states and out.last_hidden_state is not None:
+                p.hidden[i] = out.last_hidden_state[j, :n].copy()
 
 
 class TextBatcher:
@@ -94,20 +100,22 @@ class TextBatcher:
         self.budget = budget
         self.delay_s = delay_us / 1e6
         self._in_flight = in_flight
-        self._queue: list[_Pending] = []
+        self._queue: list[Rows] = []
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def run(self, request: TextInput) -> tuple[np.ndarray, list[Stats]]:
-        """The embeddings (B,C) and each text's LayerNorm statistics, blocking until its groups have run."""
+    def run(self, request: TextInput) -> Rows:
+        """The embeddings (B,C), each text's LayerNorm statistics and hidden states (where asked), blocking until
+        its groups have run."""
         model = self._model()
         assert model is not None  # the caller holds it
         embeddings = np.empty((len(request.tokens), model.config.hidden_size), np.float32)
-        item = _Pending(request, embeddings, [], getattr(request, "layer_norms", True))
-        item.stats = [[] for _ in request.tokens]
+        empty = np.empty((0, model.config.hidden_size), np.float32)
+        stats: list[Stats] = [[] for _ in request.tokens]
+        item = Rows(request, embeddings, stats, [empty] * len(stats), getattr(request, "layer_norms", True))
         if self._in_flight() <= 1:  # alone in the worker: nothing to pool with, so no hand-off
             _run_groups(model, [item], self.budget)
-            return item.embeddings, item.stats
+            return item
         with self._cond:
             self._queue.append(item)
             if self._thread is None:
@@ -117,7 +125,7 @@ class TextBatcher:
         item.done.wait()
         if item.error is not None:
             raise item.error
-        return item.embeddings, item.stats
+        return item
 
     def _loop(self) -> None:
         while batch := self._gather():
@@ -130,7 +138,7 @@ class TextBatcher:
                 for item in batch:
                     item.done.set()
 
-    def _gather(self) -> list[_Pending]:
+    def _gather(self) -> list[Rows]:
         """Every queued request, and those arriving until the delay ends or every one in flight is in; [] (and
         the thread gone) after IDLE_S with nothing queued."""
         with self._cond:
@@ -143,7 +151,7 @@ class TextBatcher:
             batch, self._queue = self._queue, []
             return batch
 
-    def _execute(self, model: TextEncoderModel, batch: list[_Pending]) -> None:
+    def _execute(self, model: TextEncoderModel, batch: list[Rows]) -> None:
         try:
             _run_groups(model, batch, self.budget)
         except Exception:
@@ -166,14 +174,20 @@ def _integers(arr: np.ndarray, name: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Pooled(TextInput):
-    """A request's texts to be pooled with concurrent requests' (the routes' requests; V2's run as sent)."""
+    """A request's texts to be pooled with concurrent requests' (/v1/embeddings', and V2's texts and token ids)."""
 
     layer_norms: bool = False  # each text's LayerNorm statistics in the answer (0 where not asked)
 
 
 class PooledTextEncoder(TextEncoderModel):
     """The text-encoder kind as served: a Pooled request runs through the version's TextBatcher, and answers
-    exactly as one run of it padded to its longest text would (its LayerNorm statistics 0 at padding)."""
+    exactly as one run of it padded to its longest text would (its LayerNorm statistics and hidden states 0 at
+    padding). Every protocol's request is a Pooled one, so that concurrent texts share runs whichever way they
+    came; only the warm-up and validation run a TextInput as it is."""
+
+    @property
+    def blocks(self) -> bool:
+        return True  # a pooled request waits for concurrent ones: never on the event loop
 
     def __init__(self, loaded: Loaded) -> None:
         super().__init__(loaded)
@@ -196,13 +210,14 @@ class PooledTextEncoder(TextEncoderModel):
     def from_tensors(
         self, tensors: Mapping[str, np.ndarray], params: Mapping[str, Any], f: Fields, dtype: str = "FP32"
     ) -> TextInput:
-        """The texts tokenized as served, or the token ids each checked; the hidden states computed too, as
-        every output is sent when none is named."""
+        """The texts tokenized as served, or the token ids each checked, to be pooled; the hidden states and
+        LayerNorm statistics computed too, as every output is sent when none is named."""
         if TEXT in tensors:
             request = self.tokenize(list(tensors[TEXT].reshape(-1)), f"inputs.{TEXT}")
         else:
             request = self._from_token_tensors(tensors)
-        return dataclasses.replace(request, hidden_states=True)
+        ids, mask, types = request.input_ids, request.attention_mask, request.token_type_ids
+        return Pooled(ids, mask, types, hidden_states=True, layer_norms=True)
 
     def _from_token_tensors(self, tensors: Mapping[str, np.ndarray]) -> TextInput:
         tensors = {name: _integers(arr, f"inputs.{name}") for name, arr in tensors.items()}
@@ -223,13 +238,17 @@ class PooledTextEncoder(TextEncoderModel):
     def infer(self, request: TextInput) -> TextOutput:
         if not isinstance(request, Pooled):
             return super().infer(request)
-        embeddings, stats = self.pool.run(request)
-        shape = request.input_ids.shape
+        rows = self.pool.run(request)
+        shape, tokens = request.input_ids.shape, request.tokens
         layer_norms = []
         for k, name in enumerate(self.layer_norms if request.layer_norms else ()):
             mean, std = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-            for i, text in enumerate(stats):
-                n = len(text[k][1])
+            for i, (text, n) in enumerate(zip(rows.stats, tokens, strict=True)):
                 mean[i, :n], std[i, :n] = text[k][1], text[k][2]
             layer_norms.append((name, mean, std))
-        return TextOutput(embeddings, layer_norms, self.info, request.tokens)
+        hidden = None
+        if request.hidden_states:
+            hidden = np.zeros((*shape, self.config.hidden_size), np.float32)
+            for i, (states, n) in enumerate(zip(rows.hidden, tokens, strict=True)):
+                hidden[i, :n] = states
+        return TextOutput(rows.embeddings, layer_norms, self.info, tokens, hidden)

@@ -143,22 +143,25 @@ class TextEncoderModel(Model):
             )
         return request
 
-    def from_ids(self, ids: Sequence[Any], name: str = "input") -> TextInput:
-        """Token ids given as lists of ints, one list per text: each checked, padded with the pad token."""
-        if isinstance(ids, str) or not isinstance(ids, Sequence) or not ids:
+    def from_ids(self, ids: Sequence[Any], name: str = "input", flat: bool = False) -> TextInput:
+        """Token ids given as lists of ints, one list per text: each checked, padded with the pad token.
+
+        flat: ids is one text's list of ints, named as its sender sees it: `input[j]`, not `input[0][j]`."""
+        if not flat and (isinstance(ids, str) or not isinstance(ids, Sequence) or not ids):
             raise InvalidInput(f"{shown(ids)}; expected a non-empty list of lists of token ids", name)
-        rows: list[list[int]] = []
-        for i, row in enumerate(ids):
+        named = [(ids, name)] if flat else [(row, f"{name}[{i}]") for i, row in enumerate(ids)]
+        rows: list[tuple[list[int], str]] = []
+        for row, row_name in named:
             if isinstance(row, str) or not isinstance(row, Sequence) or not row:
-                raise InvalidInput(f"{shown(row)}; expected a non-empty list of token ids", f"{name}[{i}]")
+                raise InvalidInput(f"{shown(row)}; expected a non-empty list of token ids", row_name)
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in row):
-                raise InvalidInput(f"{shown(row)}; expected integers", f"{name}[{i}]")
-            rows.append(list(row))
-        longest = max(len(r) for r in rows)
+                raise InvalidInput(f"{shown(row)}; expected integers", row_name)
+            rows.append((list(row), row_name))
+        longest = max(len(r) for r, _ in rows)
         padded = np.full((len(rows), longest), self.config.pad_token_id, dtype=np.int64)
         mask = np.zeros((len(rows), longest), dtype=np.int64)
-        for i, row in enumerate(rows):
-            padded[i, : len(row)] = self._checked_ids(row, f"{name}[{i}]")
+        for i, (row, row_name) in enumerate(rows):
+            padded[i, : len(row)] = self._checked_ids(row, row_name)
             mask[i, : len(row)] = 1
         return TextInput(padded, mask, np.zeros_like(padded) if self.config.has_token_types else None)
 

@@ -110,13 +110,13 @@ class DataPlane:
         return payload
 
     async def _admit(self, job: Job[Any, P], tiny: bool, deadline_s: float | None) -> P:
-        """A tiny request is decoded on the event loop, then runs there unless its model batches: a batcher
-        blocks its caller while the batch gathers. Others go to the threadpool whole."""
+        """A tiny request is decoded on the event loop, then runs there unless its model batches: a batcher (or
+        a text encoder's pool) blocks its caller while the batch gathers. Others go to the threadpool whole."""
         self._enter()
         job.admitted()
         try:
             try:
-                inline = tiny and job.decode().batcher is None
+                inline = tiny and not job.decode().blocks
             except BaseException:
                 self._release()
                 raise

@@ -31,7 +31,9 @@ class Codec(Protocol[B, W, P]):
     W is what the answer needs of the request (V2's requested outputs, REST's "without the batch dim"),
     handed from decode to encode. The model is the data plane's to find: `named` when the request names it
     before its body (V2's URL, a gRPC message), else `target(body)`; the request, even one that then fails,
-    counts in that model's statistics.
+    counts in that model's statistics. A codec whose work is not the model's inference defines
+    `run(model, input) -> result` in its place (/tokenize's, the tokenizer): admitted, timed and counted alike, with
+    no LayerNorm statistics to monitor.
     """
 
     @property
@@ -112,8 +114,9 @@ class Job(Generic[W, P]):
         assert self._decoded is not None and self.model is not None
         request, wire = self._decoded
         self._decoded = None
-        result = self.model.infer(request)
-        if self.model.monitor.layers and sampled(self.model.monitor_sample):  # in the request's thread
+        run = getattr(self.codec, "run", None)  # a request whose work is not the model's inference (/tokenize)
+        result = self.model.infer(request) if run is None else run(self.model, request)
+        if run is None and self.model.monitor.layers and sampled(self.model.monitor_sample):  # in the request's thread
             self.model.monitor.observe(output_statistics(result, _padding(request)))
         del request
         self.timer.mark("compute_infer")

@@ -3,20 +3,17 @@ text's answer equals that text run alone (1e-5), whatever it was grouped with.""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from app.core.runtime import Runtime
-from app.core.textbatching import TextBatcher, length_groups, stack
+from app.core.dataplane import Fields
+from app.core.textbatching import Pooled, Rows, TextBatcher, length_groups, stack
 from app.core.textencoder import TextEncoderModel
-from app.settings import Settings
 
 pytest.importorskip("torch")
-
-MAX_LEN = 24
 
 
 @pytest.mark.parametrize(
@@ -36,18 +33,8 @@ def test_length_groups_pad_each_group_to_its_longest_within_the_budget(
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> TextEncoderModel:
-    from app.export.textexport import export_text_encoder
-    from tests.textmodels import tiny_model
-
-    root = tmp_path_factory.mktemp("textbatching")
-    tiny = tiny_model(root / "hf", "bert")
-    export_text_encoder(root / "models", "bert", tiny.path, max_seq_length=MAX_LEN)
-    rt = Runtime(Settings(model_dir=Path(root / "models")))
-    rt.load()
-    served = rt.get("bert")
-    assert isinstance(served, TextEncoderModel)
-    return served
+def model(tiny_bert: TextEncoderModel) -> TextEncoderModel:
+    return tiny_bert
 
 
 TEXTS = ["a b", "Café naïve façade, déjà vu!", "東京は日本の首都です。", " ".join(["long words"] * 20), "Emoji 🙂"]
@@ -66,26 +53,59 @@ def test_stack_pads_rows_of_several_batches_to_their_own_longest(model: TextEnco
         assert stacked.token_type_ids is not None and a.token_type_ids is not None
 
 
+@pytest.mark.parametrize("hidden_states", [False, True], ids=["embeddings", "hidden states"])
 @pytest.mark.parametrize("budget", [16, 48, 1000])
-def test_pooled_requests_each_answer_as_their_texts_alone(model: TextEncoderModel, budget: int) -> None:
-    """Five requests queued together (in flight 5) are pooled and grouped; each text equals itself alone."""
+def test_pooled_requests_each_answer_as_their_texts_alone(
+    model: TextEncoderModel, budget: int, hidden_states: bool
+) -> None:
+    """Five requests queued together (in flight 5) are pooled and grouped; each text equals itself alone: its
+    embedding, LayerNorm statistics and (asked, as V2 asks) hidden states over its own tokens."""
     batcher = TextBatcher(model, budget, delay_us=200_000, in_flight=lambda: len(TEXTS))
-    alone = [model.infer(model.tokenize([t])) for t in TEXTS]
-    results: dict[int, tuple[np.ndarray, list[list[tuple[str, np.ndarray, np.ndarray]]]]] = {}
+    alone = [model.infer(dataclasses.replace(model.tokenize([t]), hidden_states=True)) for t in TEXTS]
+    results: dict[int, Rows] = {}
 
     def ask(i: int) -> None:
-        results[i] = batcher.run(model.tokenize([TEXTS[i], TEXTS[(i + 3) % len(TEXTS)]]))
+        request = model.tokenize([TEXTS[i], TEXTS[(i + 3) % len(TEXTS)]])
+        results[i] = batcher.run(dataclasses.replace(request, hidden_states=hidden_states))
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(TEXTS))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    for i, (embeddings, stats) in results.items():
+    assert sorted(results) == list(range(len(TEXTS)))
+    for i, rows in results.items():
         for row, k in enumerate((i, (i + 3) % len(TEXTS))):
-            np.testing.assert_allclose(embeddings[row], alone[k].sentence_embedding[0], rtol=0, atol=1e-5)
-            for (name, mean, std), (want, m, s) in zip(stats[row], alone[k].layer_norms, strict=True):
+            np.testing.assert_allclose(rows.embeddings[row], alone[k].sentence_embedding[0], rtol=0, atol=1e-5)
+            for (name, mean, std), (want, m, s) in zip(rows.stats[row], alone[k].layer_norms, strict=True):
                 assert name == want
                 np.testing.assert_allclose(mean, m[0], rtol=0, atol=1e-5)
                 np.testing.assert_allclose(std, s[0], rtol=0, atol=1e-5)
-    assert sorted(results) == list(range(len(TEXTS)))
+            hidden = alone[k].last_hidden_state
+            assert hidden is not None
+            want_hidden = hidden[0] if hidden_states else np.empty((0, hidden.shape[-1]))
+            np.testing.assert_allclose(rows.hidden[row], want_hidden, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("way", ["text", "token ids"])
+def test_v2_tensors_become_a_pooled_request_answering_as_one_run(model: TextEncoderModel, way: str) -> None:
+    """Over the Open Inference Protocol a text encoder pools too: every output as one run of the request padded to
+    its longest text, at its texts' own tokens, and 0 at padding."""
+    plain = dataclasses.replace(model.tokenize(TEXTS), hidden_states=True)
+    if way == "text":
+        tensors = {"text": np.array(TEXTS, dtype=object)}  # the codecs hand BYTES on decoded
+    else:
+        tensors = {"input_ids": plain.input_ids, "attention_mask": plain.attention_mask}
+    request = model.from_tensors(tensors, {}, Fields())
+    assert isinstance(request, Pooled) and request.hidden_states and request.layer_norms
+    got, want = model.infer(request), model.infer(plain)
+    real = plain.attention_mask.astype(bool)
+    assert got.last_hidden_state is not None and want.last_hidden_state is not None
+    np.testing.assert_allclose(got.sentence_embedding, want.sentence_embedding, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got.last_hidden_state[real], want.last_hidden_state[real], rtol=0, atol=1e-5)
+    assert not got.last_hidden_state[~real].any()
+    for (name, mean, std), (want_name, m, s) in zip(got.layer_norms, want.layer_norms, strict=True):
+        assert name == want_name
+        np.testing.assert_allclose(mean[real], m[real], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(std[real], s[real], rtol=0, atol=1e-5)
+        assert not mean[~real].any() and not std[~real].any()

@@ -204,6 +204,19 @@ BAD_TEXTS: list[tuple[str, Callable[[TextEncoderModel], Any], str]] = [
         lambda m: m.from_ids([[5] * 25]),
         "input[0]: 25 token ids; the model takes at most 24",
     ),
+    # flat: one text's ids, named as sent (input: [5, 6]), not as the list of lists they become
+    (
+        "flat, id past the vocabulary",
+        lambda m: m.from_ids([5, m.config.vocab_size], flat=True),
+        "input[1]: token id {vocab} is outside the vocabulary; expected 0 <= id < {vocab}",
+    ),
+    (
+        "flat, too many ids",
+        lambda m: m.from_ids([5] * 25, flat=True),
+        "input: 25 token ids; the model takes at most 24",
+    ),
+    ("flat, not ints", lambda m: m.from_ids([5, None], flat=True), "input: [5, None]; expected integers"),
+    ("flat, no ids", lambda m: m.from_ids([], flat=True), "input: []; expected a non-empty list of token ids"),
 ]
 
 

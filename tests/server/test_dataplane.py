@@ -418,23 +418,45 @@ async def admitted(client: httpx.AsyncClient) -> None:
         await asyncio.sleep(0.01)
 
 
-async def overloaded(base: str) -> tuple[httpx.Response, httpx.Response, float, float]:
-    body, headers = slow_request()
+async def overloaded(base: str, path: str, body: dict[str, Any]) -> tuple[httpx.Response, httpx.Response, float, float]:
+    slow_body, headers = slow_request()
     async with httpx.AsyncClient(base_url=base, timeout=60) as client:
         await wait_admitting(client)
-        slow = asyncio.ensure_future(client.post(ENC_V2, content=body, headers=headers))
+        slow = asyncio.ensure_future(client.post(ENC_V2, content=slow_body, headers=headers))
         await admitted(client)  # the slow one is admitted and running
         t0 = time.monotonic()
-        refused = await client.post("/normalize", json={"data": [1, 2]})
+        refused = await client.post(path, json=body)
         refused_after = time.monotonic() - t0
         first = await slow
         return refused, first, refused_after, time.monotonic() - t0
 
 
-def test_past_max_in_flight_is_503_with_retry_after_at_once(one_at_a_time: str) -> None:
-    refused, first, refused_after, first_after = asyncio.run(overloaded(one_at_a_time))
+BUSY = "1 requests in flight, the limit (NORMSERVE_MAX_IN_FLIGHT)"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "error"),
+    [
+        ("/normalize", {"data": [1, 2]}, BUSY),
+        # OpenAI's routes are admitted before their body names a model: a full worker refuses them alike
+        (
+            "/v1/embeddings",
+            {"model": "encoder", "input": "a"},
+            {"message": BUSY, "type": "server_error", "param": None, "code": "overloaded"},
+        ),
+        (
+            "/tokenize",
+            {"model": "encoder", "input": "a"},
+            {"message": BUSY, "type": "server_error", "param": None, "code": "overloaded"},
+        ),
+    ],
+)
+def test_past_max_in_flight_is_503_with_retry_after_at_once(
+    one_at_a_time: str, path: str, body: dict[str, Any], error: Any
+) -> None:
+    refused, first, refused_after, first_after = asyncio.run(overloaded(one_at_a_time, path, body))
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
-    assert refused.json()["error"] == "1 requests in flight, the limit (NORMSERVE_MAX_IN_FLIGHT)"
+    assert refused.json()["error"] == error
     assert refused_after < first_after, "the refused request waited for the running one: it was queued"
 
 

@@ -131,3 +131,44 @@ def test_serve_decodes_a_tiny_body_on_the_event_loop_and_infers_there_unless_its
     answer, loop = asyncio.run(scenario())
     assert answer == "answered" and ready_worker.admission.count() == 0
     assert (threads["decode"] == loop, threads["encode"] == loop) == (decoded_on_the_loop, inferred_on_the_loop)
+
+
+class Ran(Stages):
+    """Stages with a run of their own (/tokenize's codec runs the tokenizer): the Job calls it, not the model."""
+
+    def run(self, model: Model, request: Any) -> tuple[str, str, Any]:
+        return "ran", model.name, request
+
+
+def test_a_codecs_run_takes_the_place_of_the_models_inference(ready_worker: Worker) -> None:
+    model = ready_worker.plane.model("layernorm")
+    timer = InferTimer()
+    # no input the layernorm model takes: its inference would raise
+    job = Job(
+        timer, Ran(lambda _: (model, "texts", "wire"), lambda w, out: (w, out)), b"", model, ready_worker.plane.model
+    )
+    assert job() == ("wire", ("ran", "layernorm", "texts"))
+    assert list(timer.marks) == list(STAGES)
+
+
+def test_a_text_encoders_tiny_request_runs_off_the_event_loop(tiny_bert: Any) -> None:
+    """Its pool may hold the caller while concurrent requests gather: on the event loop none could arrive."""
+    from app.core.dataplane import Fields
+
+    worker = Worker(Settings(model_dir=tiny_bert.path.parents[2]))
+    worker.start()
+    model = worker.plane.model("bert")
+    request = model.from_tensors({"text": np.array(["a b"], dtype=object)}, {}, Fields())
+    threads: dict[str, int] = {}
+
+    def encode(_: None, out: Any) -> Any:
+        threads["encode"] = threading.get_ident()
+        return out.sentence_embedding
+
+    async def scenario() -> tuple[Any, int]:
+        answer = await worker.plane.infer(Stages(lambda _: (model, request, None), encode, model, 0), b"")
+        return answer, threading.get_ident()
+
+    answer, loop = asyncio.run(scenario())
+    assert answer.shape == (1, tiny_bert.config.hidden_size) and worker.admission.count() == 0
+    assert threads["encode"] != loop

@@ -113,7 +113,7 @@ def tokens_of(model: TextEncoderModel, value: Any, truncate: bool) -> TextInput:
         )
     first = value[0]
     if isinstance(first, int) and not isinstance(first, bool):
-        return model.from_ids([value], "input")  # one text's ids
+        return model.from_ids(value, "input", flat=True)  # one text's ids
     _at_most(len(value))
     if isinstance(first, list):
         return model.from_ids(value, "input")
@@ -168,9 +168,8 @@ def encode_embeddings(wire: Wire, result: TextOutput) -> bytes:
     return dumps({"object": "list", "data": data, "model": wire.model, "usage": usage})
 
 
-def tokenize(model: TextEncoderModel, texts: Sequence[str]) -> bytes:
+def encode_tokens(model: TextEncoderModel, request: TextInput) -> bytes:
     """Each text's ids and tokens as the model runs them (special tokens included, cut at its maximum length)."""
-    request = model.tokenize(texts, "input")
     out = []
     for ids, n in zip(request.input_ids, request.tokens, strict=True):
         own = [int(t) for t in ids[:n]]
@@ -197,27 +196,59 @@ def error_body(message: str, field: str | None, status: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": field, "code": code}}
 
 
-class EmbeddingsCodec:
-    """A /v1/embeddings request for DataPlane.infer (app/server/pipeline.py's Codec): the body names the model."""
+class _BodyNamesTheModel:
+    """A request whose JSON body names the model, for DataPlane.infer (app/server/pipeline.py's Codec), run in the
+    threadpool whatever its size: tokenizing 2048 texts is no work for the event loop, and a pooled request blocks
+    its thread while the pool gathers."""
 
     named = None
+    fields: type[EmbeddingsParams] | type[TokenizeParams]
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.params: EmbeddingsParams | None = None
+    def __init__(self) -> None:
+        self.params: Any = None
 
     def size(self, body: bytes | bytearray) -> int:
-        # Never "tiny": tokenizing and a transformer's run belong in the threadpool, whatever the body's size, and
-        # a pooled request blocks its thread while the pool gathers.
         return max(len(body), INLINE_BODY_BYTES + 1)
 
     def target(self, body: bytes | bytearray) -> tuple[str, int | str | None]:
-        self.params = parse(EmbeddingsParams, body)
+        self.params = parse(self.fields, body)
         return self.params.model, None
 
+    def parsed(self, body: bytes | bytearray) -> Any:
+        """The body's fields, parsed once: by target, before the model was found."""
+        params, self.params = self.params or parse(self.fields, body), None
+        return params
+
+
+class EmbeddingsCodec(_BodyNamesTheModel):
+    """A /v1/embeddings request: the texts pooled with concurrent requests' by the model."""
+
+    fields = EmbeddingsParams
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__()
+        self.settings = settings
+
     def decode(self, body: bytes | bytearray, model: Model) -> tuple[Pooled, Wire]:
-        params, self.params = self.params or parse(EmbeddingsParams, body), None
-        return decode_embeddings(params, model, self.settings)
+        return decode_embeddings(self.parsed(body), model, self.settings)
 
     def encode(self, model: Model, wire: Wire, result: TextOutput) -> bytes:
         return encode_embeddings(wire, result)
+
+
+class TokenizeCodec(_BodyNamesTheModel):
+    """A /tokenize request: its run is the model's tokenizer (the Job's `run`), not the graph; admitted, counted and
+    drained as every inference request is."""
+
+    fields = TokenizeParams
+
+    def decode(self, body: bytes | bytearray, model: Model) -> tuple[list[str], None]:
+        params: TokenizeParams = self.parsed(body)
+        text_encoder(model, params.model)
+        return texts_of(params.input), None
+
+    def run(self, model: Model, texts: list[str]) -> TextInput:
+        return text_encoder(model, model.name).tokenize(texts, "input")
+
+    def encode(self, model: Model, wire: None, result: TextInput) -> bytes:
+        return encode_tokens(text_encoder(model, model.name), result)

@@ -94,6 +94,6 @@ TOKENIZE: dict[str, Any] = {
             "each text's ids and tokens as the model runs them",
             {"type": "object", "required": ["model", "data", "usage"], "properties": {"data": {"type": "array"}}},
         ),
-        **_errors(400, 404, 408, 413, 415, 503),
+        **_errors(400, 404, 408, 413, 415, 503, 504),
     },
 }

@@ -6,7 +6,6 @@ token, only the admin routes' NORMSERVE_ADMIN_TOKEN.
 
 from __future__ import annotations
 
-import anyio.to_thread
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
@@ -37,11 +36,5 @@ async def models(plane: DataPlane) -> Response:
 async def tokenize(request: Request, plane: DataPlane) -> Response:
     """Each text's token ids and tokens, as the model runs them."""
     require_json(request)
-    body = await read_body(request, plane.settings)
-
-    def job() -> bytes:  # in the threadpool: tokenizing 2048 texts is no work for the event loop
-        params: codec.TokenizeParams = codec.parse(codec.TokenizeParams, body)
-        model = codec.text_encoder(plane.model(params.model), params.model)
-        return codec.tokenize(model, codec.texts_of(params.input))
-
-    return Response(await anyio.to_thread.run_sync(job), media_type="application/json")
+    payload = await plane.infer(codec.TokenizeCodec(), read_body(request, plane.settings))
+    return Response(payload, media_type="application/json")

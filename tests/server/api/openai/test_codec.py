@@ -1,6 +1,6 @@
 """codec.py: OpenAI's bodies parsed field by field (strict types, every message whole) and the answers encoded:
-base64 is the little-endian float32 bytes of the float answer. What needs a model (tokens, ids, its kind and
-width) is driven through a live server in test_routes.py; these are the codec's own rules."""
+base64 is the little-endian float32 bytes of the float answer; token ids named by their position as sent, on a
+tiny BERT in process. What needs a server (texts, kinds, widths) is driven live in test_routes.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from app.core.dataplane import ModelInfo
-from app.core.textencoder import TextInput, TextOutput
+from app.core.textencoder import TextEncoderModel, TextInput, TextOutput
 from app.errors import InvalidInput, PayloadTooLarge
 from app.server.api.openai import codec
 from app.server.dataplane import INLINE_BODY_BYTES
@@ -95,6 +95,46 @@ def test_tokenize_input_is_a_string_or_a_list_of_them(value: Any, texts: list[st
 )
 def test_tokenize_input_is_refused_naming_it(value: Any, message: str) -> None:
     assert _refused(codec.texts_of, value) == message
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([2, 5, 300], "input[2]: token id 300 is outside the vocabulary; expected 0 <= id < 300"),
+        ([[2], [2, 5, 300]], "input[1][2]: token id 300 is outside the vocabulary; expected 0 <= id < 300"),
+        ([-1, 5], "input[0]: token id -1 is outside the vocabulary; expected 0 <= id < 300"),
+        ([[-1, 5]], "input[0][0]: token id -1 is outside the vocabulary; expected 0 <= id < 300"),
+        ([2, "5"], "input: [2, '5']; expected integers"),
+        ([[2], [2, 1.5]], "input[1]: [2, 1.5]; expected integers"),
+        ([2] * 25, "input: 25 token ids; the model takes at most 24"),
+        ([[2], [2] * 25], "input[1]: 25 token ids; the model takes at most 24"),
+        ([[2], []], "input[1]: []; expected a non-empty list of token ids"),
+    ],
+    ids=[
+        "flat, past the vocabulary",
+        "lists, past the vocabulary",
+        "flat, negative",
+        "lists, negative",
+        "flat, not ints",
+        "lists, not ints",
+        "flat, too many",
+        "lists, too many",
+        "lists, an empty one",
+    ],
+)
+def test_a_bad_token_id_is_named_by_its_position_as_the_sender_wrote_it(
+    tiny_bert: TextEncoderModel, value: Any, message: str
+) -> None:
+    """A flat list is one text's ids (input[j]); a list of lists, one list per text (input[i][j])."""
+    assert tiny_bert.config.vocab_size == 300  # the messages' bound
+    assert _refused(codec.tokens_of, tiny_bert, value, True) == message
+
+
+@pytest.mark.parametrize("value", [[2, 5, 3], [[2, 5, 3]]], ids=["flat", "lists"])
+def test_token_ids_flat_or_in_a_list_are_one_text(tiny_bert: TextEncoderModel, value: Any) -> None:
+    tokens = codec.tokens_of(tiny_bert, value, True)
+    np.testing.assert_array_equal(tokens.input_ids, [[2, 5, 3]])
+    np.testing.assert_array_equal(tokens.attention_mask, [[1, 1, 1]])
 
 
 @pytest.mark.parametrize(("tokens", "limit"), [([3, 4], 7), ([5, 5], 10)])

@@ -176,6 +176,12 @@ BAD = [
         "input[1][1]: token id 300 is outside the vocabulary; expected 0 <= id < 300",
     ),
     (
+        {"model": "bert", "input": [2, 5, 300]},
+        400,
+        "input[2]",
+        "input[2]: token id 300 is outside the vocabulary; expected 0 <= id < 300",
+    ),
+    (
         {"model": "bert", "input": [[2] * 25]},
         400,
         "input[0]",
