@@ -74,7 +74,9 @@ class Budget:
     async def admit(self, n: int, what: str = "") -> Body:
         """A body announcing n bytes, with room promised for them; waits up to WAIT_S, else BudgetExhausted."""
         small = n <= self.limit // SMALL_SHARE
-        if n:  # a body of unknown length (chunked) is only charged as it arrives
+        # A body of unknown length (chunked) is only charged as it arrives. Room checked before any wait: most
+        # bodies fit at once, and the wait's closure and call were a small /normalize's budget cost (callgrind).
+        if n and not self.fits(n):
             await self._wait(lambda: self.fits(n) or (small and self.used + n <= self.limit), what or f"{n} more bytes")
         body = Body(self, n)
         self.promised += n
@@ -100,6 +102,8 @@ class Budget:
             self.give(n)
 
     def _wake(self) -> None:
+        if not self._waiting:
+            return
         waiting, self._waiting = self._waiting, []
         for woken in waiting:
             if not woken.done():
@@ -158,7 +162,8 @@ class Body:
         """n more bytes held (arrived, or inflated): from the promise, else from free room, waiting up to WAIT_S."""
         budget = self.budget
         own = min(n, self.promised)
-        await budget._wait(lambda: self._room(n, own), what or f"{n} more bytes")
+        if not self._room(n, own):
+            await budget._wait(lambda: self._room(n, own), what or f"{n} more bytes")
         self.promised -= own
         budget.promised -= own
         budget.used += n
@@ -189,7 +194,8 @@ class Body:
 
     def close(self, *_: object) -> None:
         """Everything given back (its arguments ignored: it is a done callback of the call or task holding it)."""
-        self.finish()
+        if not self.complete or self.promised:
+            self.finish()
         self.budget._bodies.discard(self)
         self.release(self.held)
 

@@ -77,20 +77,20 @@ class Job(Generic[W, P]):
         self._admitted_at = time.perf_counter()
         if self.model is not None:
             self._pending = self.model.name
-            metrics.PENDING.labels(self._pending).inc()
+            metrics.queue(self._pending)[0].inc()
 
     def started(self, model: Model) -> None:
         """Its computation starts: no longer pending; the time since admission is its queue time."""
         if self._admitted_at is None or not self._queue_lock.acquire(blocking=False):
             return
-        metrics.QUEUE_SECONDS.labels(model.name).observe(time.perf_counter() - self._admitted_at)
+        metrics.queue(model.name)[1].observe(time.perf_counter() - self._admitted_at)
         if self._pending is not None:
-            metrics.PENDING.labels(self._pending).dec()
+            metrics.queue(self._pending)[0].dec()
 
     def abandoned(self) -> None:
         """It never started (timed out in the queue, drained): no longer pending, and no queue time."""
         if self._queue_lock.acquire(blocking=False) and self._pending is not None:
-            metrics.PENDING.labels(self._pending).dec()
+            metrics.queue(self._pending)[0].dec()
 
     def decode(self) -> Model:
         """The queue and compute_input stages: the model the request names, and its input."""

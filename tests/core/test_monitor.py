@@ -254,3 +254,49 @@ def test_a_text_encoders_answer_statistics_leave_the_attention_masks_padding_out
         [0.0, 1.0, 2.0, 3.0],
         [10.0, 11.0, 12.0, 13.0],
     )
+
+
+def layernorm_monitor(clock: Clock) -> monitor.ModelMonitor:
+    return monitor.ModelMonitor("layernorm", "1", committed("layernorm")["baseline"], 60.0, clock)
+
+
+def std_histogram_count(mon: monitor.ModelMonitor) -> int:
+    counts, _ = mon.histograms[monitor.LAYERNORM_LAYER][1].snapshot()
+    return int(counts.sum())
+
+
+@pytest.mark.parametrize("answers", [1, monitor.GATHER - 1])
+def test_answers_gathered_but_not_yet_binned_count_once_a_reader_asks(answers: int) -> None:
+    mon = layernorm_monitor(Clock())
+    for _ in range(answers):
+        mon.observe([(monitor.LAYERNORM_LAYER, np.zeros(8), np.ones(8))])
+    assert std_histogram_count(mon) == 0  # gathered, not binned
+    assert mon.report()["layers"][0]["samples"] == 8 * answers
+    assert std_histogram_count(mon) == 8 * answers
+
+
+def test_a_full_gathering_is_binned_without_a_reader() -> None:
+    mon = layernorm_monitor(Clock())
+    for _ in range(monitor.GATHER):
+        mon.observe([(monitor.LAYERNORM_LAYER, np.zeros(8), np.ones(8))])
+    assert std_histogram_count(mon) == 8 * monitor.GATHER
+
+
+def test_a_gathering_a_window_slot_old_is_binned_at_the_next_answer() -> None:
+    clock = Clock()
+    mon = layernorm_monitor(clock)
+    mon.observe([(monitor.LAYERNORM_LAYER, np.zeros(8), np.ones(8))])
+    clock.now += 60.0 / monitor.WINDOW_SLOTS
+    mon.observe([(monitor.LAYERNORM_LAYER, np.zeros(8), np.ones(8))])
+    assert std_histogram_count(mon) == 16
+
+
+def test_answers_gathered_before_the_window_passed_leave_it_when_read_late() -> None:
+    """A gathering counts at the time of its first answer: read after the window has passed, it is out of it."""
+    clock = Clock()
+    mon = layernorm_monitor(clock)
+    mon.observe([(monitor.LAYERNORM_LAYER, np.zeros(8), np.ones(8))])
+    clock.now += 61.0
+    layer = mon.report()["layers"][0]
+    assert (layer["samples"], layer["psi"]) == (0, None)
+    assert std_histogram_count(mon) == 8  # the histograms are cumulative, as Prometheus'

@@ -145,6 +145,15 @@ GRPC_SECONDS = Histogram(
 _request_children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
 _grpc_children: dict[tuple[str, str, str, str], tuple[Counter, Histogram]] = {}
 _inference_children: dict[tuple[str, str], tuple[Histogram, Histogram]] = {}
+_queue_children: dict[str, tuple[Gauge, Histogram]] = {}
+
+
+def queue(model: str) -> tuple[Gauge, Histogram]:
+    """The model's pending gauge and queue-time histogram (cached children: each request moves both)."""
+    children = _queue_children.get(model)
+    if children is None:
+        children = _queue_children.setdefault(model, (PENDING.labels(model), QUEUE_SECONDS.labels(model)))
+    return children
 
 
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:

@@ -45,6 +45,7 @@ class MonitorCollector(Collector):
         )
         for model in self.source():
             monitor = model.monitor
+            monitor.flush()
             for layer, d in monitor.layers.items():
                 labels = [model.name, model.version, layer]
                 counts = d.window.counts()
