@@ -22,7 +22,7 @@ import onnxruntime as ort
 
 from app.core.batching import Batcher
 from app.core.dataplane import Fields, ModelInfo
-from app.core.monitor import ModelMonitor
+from app.core.modelmonitor import ModelMonitor
 from app.core.repository import WEIGHTS_FILE, Policy
 from app.errors import InvalidInput, shown
 from app.settings import Settings

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from app.core.model import Model
-from app.core.monitor import output_statistics, sampled
+from app.core.modelmonitor import output_statistics, sampled
 from app.server.telemetry import metrics
 from app.server.telemetry.timer import InferTimer
 
