@@ -156,7 +156,7 @@ def test_a_text_encoders_tiny_request_runs_off_the_event_loop(tiny_bert: Any) ->
     from app.core.dataplane import Fields
 
     worker = Worker(Settings(model_dir=tiny_bert.path.parents[2]))
-    worker.start()
+    worker.lifecycle.start()
     model = worker.plane.model("bert")
     request = model.from_tensors({"text": np.array(["a b"], dtype=object)}, {}, Fields())
     threads: dict[str, int] = {}
