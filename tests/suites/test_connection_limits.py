@@ -129,7 +129,9 @@ def test_a_grpc_connection_that_never_handshakes_is_closed_at_the_header_timeout
                 s.sendall(sent)
                 _, elapsed = closed_after(s)
             print(f"gRPC port: closed {elapsed:.3f} s after sending {len(sent)} bytes")
-            assert TIMEOUT_S * 0.9 <= elapsed <= TIMEOUT_S + 2
+            # Whichever ends first: the handshake deadline, or grpc's idle timer (set to the same), which fired
+            # 0.91-1.10x its time (tests/server/api/v2/grpc/test_server.py).
+            assert TIMEOUT_S * 0.8 <= elapsed <= TIMEOUT_S + 2
 
 
 def trickle(address: tuple[str, int], stop: threading.Event, count: int) -> None:

