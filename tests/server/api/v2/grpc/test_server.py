@@ -34,7 +34,7 @@ from app.server.api.v2.grpc.service import InferenceService
 from app.server.worker import Worker
 from app.settings import Settings
 from benchmarks.servers import free_port
-from tests.live_server import MODELS, cli_server, server_env
+from tests.live_server import MODELS, cli_server, server_env, wait_every_worker_ready
 from tests.server import prometheus
 from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
 
@@ -464,16 +464,19 @@ def listening_sockets(port: int) -> int:
     return sum(1 for r in rows if r[1].endswith(f":{port:04X}") and r[3] == "0A")
 
 
-def test_two_workers_share_the_grpc_port(tmp_path: Path) -> None:
-    with grpc_server(tmp_path, args=("--workers", "2")) as s:
+def test_two_workers_share_the_grpc_port_and_the_probes_port(tmp_path: Path) -> None:
+    probes = free_port()
+    with grpc_server(tmp_path, {"NORMSERVE_GRPC_HEALTH_PORT": str(probes)}, args=("--workers", "2")) as s:
         deadline = time.monotonic() + 60
-        while listening_sockets(s.grpc_port) < 2:  # the second worker may still be starting
-            assert time.monotonic() < deadline, "the second worker never bound the gRPC port"
+        while listening_sockets(s.grpc_port) < 2 or listening_sockets(probes) < 2:  # a worker may still be starting
+            assert time.monotonic() < deadline, "the second worker never bound the gRPC port and the probes' port"
             time.sleep(0.2)
-        assert listening_sockets(s.grpc_port) == 2
+        assert (listening_sockets(s.grpc_port), listening_sockets(probes)) == (2, 2)
+        wait_every_worker_ready(s.base)  # both bound, but the second may still load its models
         for _ in range(10):  # each on a new connection: the kernel spreads them over both workers
             with tg.InferenceServerClient(s.address) as client:
                 assert client.is_server_live() and answers(client)
+            assert _probes(f"127.0.0.1:{probes}") == (True, True, health_pb2.HealthCheckResponse.SERVING)
 
 
 def test_normserve_serve_brings_up_grpc() -> None:
