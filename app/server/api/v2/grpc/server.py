@@ -21,13 +21,16 @@ ModelInfer's handler records such a call as the client saw it (calls.gated).
 A connection that completes no handshake (the client's preface and SETTINGS) within NORMSERVE_HEADER_TIMEOUT_S is
 closed, and one without an RPC for as long gets GOAWAY and is closed (as HTTP closes a connection idle between
 requests); connections are limited as HTTP's are (app/server/admission.py), and RPCs per connection (MAX_STREAMS).
-No limit of RPCs at once is set, so health checks are never refused; ModelInfer reads its message, and a
+No limit of RPCs at once is set, so no health check is refused for want of one; ModelInfer reads its message, and a
 stream each of its messages, only once the budget of body bytes in flight holds room for it (app/server/budget.py).
 
-The connection limit cannot keep a probe out, but it can keep one from connecting: clients that reconnect as
-fast as their connections close keep it full. With NORMSERVE_GRPC_HEALTH_PORT, each worker also runs a small
-server of its own on that port that answers probes only (Health/Check, ServerLive, ServerReady), with its own
-few connections (HEALTH_CONNECTIONS), so that a probe sent there is answered whatever fills the main port.
+No RPC limit keeps a probe out, but the connection limit can keep it from connecting: past it grpc refuses the
+new connection, and clients that reconnect as fast as theirs close keep it full (1,200 that sent only the preface:
+3 of 20 probes answered, issue 37 D7). With NORMSERVE_GRPC_HEALTH_PORT, each worker also runs a small server of
+its own on that port that answers probes only (Health/Check, ServerLive, ServerReady), with its own few
+connections (HEALTH_CONNECTIONS), so that a probe sent there is answered whatever fills the main port (20 of 20).
+A second port of the main server would have its own count of connections too (grpc counts them per listener,
+measured), but the same limit and every RPC: whoever reached it could run inferences there.
 """
 
 from __future__ import annotations
