@@ -37,6 +37,7 @@ from benchmarks.servers import free_port
 from tests.live_server import MODELS, cli_server, server_env, wait_every_worker_ready
 from tests.server import prometheus
 from tests.server.api.v2.grpc.live import GrpcServer, grpc_server
+from tests.suites.test_connection_limits import renewing
 
 X23 = np.array([[0.2, 0.1, 0.3], [0.5, 0.1, 0.1]], np.float32)
 IMPLEMENTED = {
@@ -385,30 +386,6 @@ def closing_times(socks: list[socket.socket], wait_s: float) -> list[float | Non
     return closed
 
 
-def renewing(where: tuple[str, int], stop: threading.Event, count: int) -> None:
-    """`count` connections that send the preface and nothing more, each renewed once the server closes it (D7)."""
-    socks: list[socket.socket | None] = [None] * count
-    while not stop.is_set():
-        for i, s in enumerate(socks):
-            try:
-                if s is None:
-                    s = socks[i] = socket.create_connection(where, timeout=1)
-                    s.sendall(PREFACE)
-                    s.setblocking(False)
-                if s.recv(1 << 16) == b"":
-                    raise ConnectionResetError
-            except BlockingIOError:
-                pass
-            except OSError:
-                if s is not None:
-                    s.close()
-                socks[i] = None
-        stop.wait(0.02)
-    for s in socks:
-        if s is not None:
-            s.close()
-
-
 @pytest.mark.parametrize("sent", [MAGIC, PREFACE], ids=["magic", "preface-and-settings"])
 def test_connections_that_send_only_the_preface_are_closed_at_the_header_timeout(crowded: Crowded, sent: bytes) -> None:
     # With its SETTINGS the preface ends grpc's handshake, and such a connection was kept until its 5 minutes idle.
@@ -441,7 +418,11 @@ def test_renewed_preface_only_connections_past_the_limit_leave_the_probes_port_a
     # Scaled down: 4x the limit. The main port stays full (at best a probe slips in as a connection closes); the
     # probes' port answers every probe.
     stop = threading.Event()
-    crowd = threading.Thread(target=renewing, args=(_address(crowded.server.address), stop, 4 * CROWD_LIMIT))
+    crowd = threading.Thread(
+        target=renewing,
+        args=(_address(crowded.server.address), stop, 4 * CROWD_LIMIT, PREFACE),
+        kwargs={"pause_s": 0.02},
+    )
     crowd.start()
     try:
         time.sleep(0.5)
