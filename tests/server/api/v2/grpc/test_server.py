@@ -402,6 +402,14 @@ def test_connections_that_send_only_the_preface_are_closed_at_the_header_timeout
     assert all(t is not None and 0.7 * CROWD_TIMEOUT_S <= t <= CROWD_TIMEOUT_S + 1 for t in closed), closed
 
 
+def test_a_client_idle_past_the_header_timeout_is_answered_at_its_next_call(crowded: Crowded) -> None:
+    # Its connection got GOAWAY and was closed meanwhile; the channel reconnects, as HTTP clients do after keep-alive.
+    with tg.InferenceServerClient(crowded.server.address) as client:
+        assert answers(client)
+        time.sleep(CROWD_TIMEOUT_S * 1.5)
+        assert client.is_server_live() and answers(client, wait_s=0)
+
+
 def _probes(where: str) -> tuple[bool, bool, int]:
     client = tg.InferenceServerClient(where)
     try:
