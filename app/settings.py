@@ -66,6 +66,14 @@ class Settings(BaseSettings):
     workers: int = Field(1, ge=1, description="uvicorn worker processes for `normserve serve`.")
     # Every worker serves it on the same port (SO_REUSEPORT), which no other server may take: app/server/group.py.
     grpc_port: int = Field(8001, ge=0, le=65535, description="Port of the gRPC Open Inference Protocol (0 = off).")
+    # 1,200 connections that sent only the HTTP/2 preface, renewed as they closed, kept the gRPC port's connection
+    # limit full: 42 of 44 ServerLive calls UNAVAILABLE (issue 37, D7). Probes on a port of their own always get in.
+    grpc_health_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="gRPC: a port of its own for probes (Health/Check, ServerLive, ServerReady) only (0 = off).",
+    )
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest request body, also after decompression.")
     max_elements: int = Field(16_777_216, ge=1, description="Largest element count of any one tensor.")
     max_depth: int = Field(32, ge=1, description="Deepest JSON nesting of arrays, which bounds a tensor's rank.")

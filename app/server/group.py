@@ -173,7 +173,7 @@ def _exclusive(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def claim_grpc_port(port: int, owner: str | None = None) -> IO[str]:
+def claim_grpc_port(port: int, owner: str | None = None, hint: str = ENV_HINT) -> IO[str]:
     """Claim the port for this server: the open claim file, whose shared lock lasts until it is closed.
 
     PortTaken if another server holds it."""
@@ -194,7 +194,7 @@ def claim_grpc_port(port: int, owner: str | None = None) -> IO[str]:
                 claim.close()
                 raise PortTaken(
                     f"gRPC port {port} is already in use by another normserve server (pid {pid}); "
-                    f"choose another with {ENV_HINT}"
+                    f"choose another with {hint}"
                 ) from None
         else:  # nobody holds it: this server's now
             claim.truncate(0)

@@ -7,6 +7,7 @@ connections make room, so probes are still answered when there are more clients 
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import sys
 import threading
@@ -129,25 +130,32 @@ def test_a_grpc_connection_that_never_handshakes_is_closed_at_the_header_timeout
                 s.sendall(sent)
                 _, elapsed = closed_after(s)
             print(f"gRPC port: closed {elapsed:.3f} s after sending {len(sent)} bytes")
-            assert TIMEOUT_S * 0.9 <= elapsed <= TIMEOUT_S + 2
+            # Whichever ends first: the handshake deadline, or grpc's idle timer (set to the same), which fired
+            # 0.91-1.10x its time (tests/server/api/v2/grpc/test_server.py).
+            assert TIMEOUT_S * 0.8 <= elapsed <= TIMEOUT_S + 2
 
 
-def trickle(address: tuple[str, int], stop: threading.Event, count: int) -> None:
-    """`count` connections that keep sending header lines, each renewed once the server closes it (D7's attack)."""
-    head = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n"
+def renewing(
+    address: tuple[str, int], stop: threading.Event, count: int, first: bytes, then: bytes = b"", pause_s: float = 0.1
+) -> None:
+    """`count` connections that send `first`, then `then` every round (nothing: they only read what comes), each
+    renewed once the server closes it (D7's attack: header lines on HTTP, the preface alone on gRPC)."""
     socks: list[socket.socket | None] = [None] * count
     while not stop.is_set():
         for i, s in enumerate(socks):
             try:
                 if s is None:
-                    s = socks[i] = socket.create_connection(address)
-                    s.sendall(head)
-                s.sendall(b"X: y\r\n")
+                    s = socks[i] = socket.create_connection(address, timeout=1)
+                    s.sendall(first)
+                if then:
+                    s.sendall(then)
+                elif select.select([s], [], [], 0)[0] and not s.recv(1 << 16):
+                    raise ConnectionResetError  # the server closed it
             except OSError:
                 if s is not None:
                     s.close()
                 socks[i] = None
-        stop.wait(0.1)
+        stop.wait(pause_s)
     for s in socks:
         if s is not None:
             s.close()
@@ -161,7 +169,8 @@ def test_header_tricklers_past_the_limit_make_room_for_probes(parser: str) -> No
     with server_process(env, args=["--http", parser]) as (base, _):
         host, port = base.removeprefix("http://").split(":")
         stop = threading.Event()
-        attacker = threading.Thread(target=trickle, args=((host, int(port)), stop, 48))
+        head = (b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n", b"X: y\r\n")
+        attacker = threading.Thread(target=renewing, args=((host, int(port)), stop, 48, *head))
         attacker.start()
         try:
             time.sleep(1.0)

@@ -2,7 +2,7 @@
 
 podman is not a cluster, and the shipped files stay as a cluster needs them; the variant played is made here:
 - the image: the tag this test run built (the shipped `normserve:latest` is what a cluster pulls);
-- the host's network: free ports of 127.0.0.1 in NORMSERVE_HOST/PORT/GRPC_PORT and the probes, and no
+- the host's network: free ports of 127.0.0.1 in NORMSERVE_HOST/PORT/GRPC_PORT/GRPC_HEALTH_PORT and the probes, and no
   containerPorts (podman refuses port mappings on the host's network);
 - one replica: two pods on one host network would share ports;
 - names of this run for the Deployment and the claim (podman makes the claim a volume of that name);
@@ -83,7 +83,7 @@ def pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def variant(port: int, grpc_port: int) -> list[dict[str, Any]]:
+def variant(port: int, grpc_port: int, health_port: int) -> list[dict[str, Any]]:
     """The shipped documents podman plays, changed only as the module's docstring says."""
     docs = [d for d in shipped() if d["kind"] in PLAYED]
     for doc in docs:
@@ -105,12 +105,13 @@ def variant(port: int, grpc_port: int) -> list[dict[str, Any]]:
             ("NORMSERVE_HOST", "127.0.0.1"),
             ("NORMSERVE_PORT", port),
             ("NORMSERVE_GRPC_PORT", grpc_port),
+            ("NORMSERVE_GRPC_HEALTH_PORT", health_port),
         ):
             env[key]["value"] = str(value)
         del server["ports"]
         for probe in ("startupProbe", "livenessProbe"):
             server[probe]["httpGet"]["port"] = port
-        server["readinessProbe"]["grpc"]["port"] = grpc_port
+        server["readinessProbe"]["grpc"]["port"] = health_port
     return docs
 
 
@@ -130,11 +131,11 @@ def run_init_container(init: dict[str, Any], volumes: dict[str, str]) -> str:
 @pytest.fixture(scope="module")
 def played(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """The claim played, the initContainer run on it, then the Deployment played on the host's network: the pod's
-    HTTP base and gRPC address. Everything is removed at the end by its name."""
+    HTTP base and the address of its gRPC readiness probe (NORMSERVE_GRPC_HEALTH_PORT). Everything is removed at the end by its name."""
     require_podman()
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port, health_port = free_port(), free_port(), free_port()
     folder = tmp_path_factory.mktemp("kube")
-    docs = variant(port, grpc_port)
+    docs = variant(port, grpc_port, health_port)
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     pod = pod_spec(deployment)
     (init,) = pod.pop("initContainers")
@@ -151,7 +152,7 @@ def played(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
         engine("kube", "play", "--network", "host", str(then), timeout=300)
         base = f"http://127.0.0.1:{port}"
         wait_ready(base, POD_CONTAINER)
-        yield base, f"127.0.0.1:{grpc_port}"
+        yield base, f"127.0.0.1:{health_port}"
     finally:
         engine("kube", "down", str(then), check=False)
         engine("volume", "rm", "-f", CLAIM, check=False)

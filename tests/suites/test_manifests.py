@@ -151,13 +151,16 @@ def test_deployment_probes_hit_the_apps_health_routes_on_its_port(pod: dict[str,
     assert container_port(container, get["port"]) == 8000
 
 
-def test_readiness_is_the_grpc_health_check_on_the_grpc_port(pod: dict[str, Any]) -> None:
-    # grpc.health.v1 with service "" (the whole server): SERVING exactly when GET /v2/health/ready is 200.
+def test_readiness_is_the_grpc_health_check_on_the_probes_own_port(pod: dict[str, Any]) -> None:
+    # grpc.health.v1 with service "" (the whole server): SERVING exactly when GET /v2/health/ready is 200. On the
+    # port of probes only, which connections filling the gRPC port cannot keep a probe from (issue 37, D7).
     (container,) = pod["containers"]
     probe = container["readinessProbe"]["grpc"]
     assert "service" not in probe
-    port = int(env_of(container)["NORMSERVE_GRPC_PORT"])
-    assert probe["port"] == port == container_port(container, "grpc") == 8001
+    env = env_of(container)
+    port = int(env["NORMSERVE_GRPC_HEALTH_PORT"])
+    assert probe["port"] == port == container_port(container, "grpc-health") == 8002
+    assert int(env["NORMSERVE_GRPC_PORT"]) == container_port(container, "grpc") == 8001
 
 
 def test_deployment_runs_as_the_images_non_root_user_on_a_read_only_root(pod: dict[str, Any]) -> None:

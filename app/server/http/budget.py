@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 
 from starlette.requests import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from app.errors import BudgetExhausted
+from app.server.asgi import HttpMiddleware
 from app.server.budget import Body, Budget
 
 BODY = "normserve.body"  # the scope key of the request's Body account
@@ -49,16 +50,10 @@ def content_length(scope: Scope) -> int | None:
     return None
 
 
-class BudgetMiddleware:
+class BudgetMiddleware(HttpMiddleware):
     """Pure ASGI: an HTTP request's body counted in the worker's Budget from its first read to its answer's end."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         budget: Budget = scope["app"].state.worker.budget
         body: Body | None = None
 

@@ -16,7 +16,9 @@
 
 from __future__ import annotations
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
+
+from app.server.asgi import HttpMiddleware, with_header
 
 CLOSE = (b"connection", b"close")
 
@@ -36,17 +38,11 @@ def closes(status: int, scope: Scope) -> bool:
     return status == 503 and bool(scope["app"].state.worker.admission.draining)
 
 
-class CloseUnreadBodies:
+class CloseUnreadBodies(HttpMiddleware):
     """Pure ASGI middleware (it never buffers a body): adds `Connection: close` to an answer sent too early,
     and to a 500 or a draining 503 (the module's docstring)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         read = not has_body(scope)  # the body's last part (or the client's disconnect) has been received
 
         async def receiving() -> Message:
@@ -58,7 +54,7 @@ class CloseUnreadBodies:
 
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start" and (not read or closes(message["status"], scope)):
-                message = {**message, "headers": [*message.get("headers", []), CLOSE]}
+                message = with_header(message, CLOSE)
             await send(message)
 
         await self.app(scope, receiving, sending)

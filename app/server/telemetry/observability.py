@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from app.server.asgi import HttpMiddleware, with_header
 from app.server.telemetry import metrics, record, tracing
 
 HEADER = "X-Request-ID"
@@ -58,16 +59,10 @@ def _route(scope: Scope) -> str:
     return metrics.UNMATCHED
 
 
-class ObservabilityMiddleware:
+class ObservabilityMiddleware(HttpMiddleware):
     """Wraps every HTTP request: echoes or sets X-Request-ID, then records and logs the answer."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
         rid, parent, state = record.incoming(scope["headers"], _INCOMING)
         trace = tracing.start(_latin1(parent), _latin1(state))
@@ -83,7 +78,7 @@ class ObservabilityMiddleware:
         async def send_tagged(message: Message) -> None:
             if message["type"] == "http.response.start":
                 info.status = message["status"]
-                message = {**message, "headers": [*message.get("headers", ()), header]}
+                message = with_header(message, header)
             elif message["type"] == "http.response.body":
                 info.bytes_out += len(message.get("body", b""))
             await send(message)

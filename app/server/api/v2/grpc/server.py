@@ -18,14 +18,24 @@ with RESOURCE_EXHAUSTED and its own text ("Received message larger than max (N v
 reads them: grpc checks the length a message announces before it buffers the message (a 300 MB one to a
 1 MB limit: +1 MB of server RSS; with no limit, +927 MB), so the limit stays grpc's and its text with it.
 ModelInfer's handler records such a call as the client saw it (calls.gated).
-A connection that completes no handshake within NORMSERVE_HEADER_TIMEOUT_S is closed, as is one idle for
-IDLE_MS; connections are limited as HTTP's are (app/server/admission.py), and RPCs per connection (MAX_STREAMS).
-No limit of RPCs at once is set, so health checks are never refused; ModelInfer reads its message, and a
+A connection that completes no handshake (the client's preface and SETTINGS) within NORMSERVE_HEADER_TIMEOUT_S is
+closed, and one without an RPC for as long gets GOAWAY and is closed (as HTTP closes a connection idle between
+requests); connections are limited as HTTP's are (app/server/admission.py), and RPCs per connection (MAX_STREAMS).
+No limit of RPCs at once is set, so no health check is refused for want of one; ModelInfer reads its message, and a
 stream each of its messages, only once the budget of body bytes in flight holds room for it (app/server/budget.py).
+
+No RPC limit keeps a probe out, but the connection limit can keep it from connecting: past it grpc refuses the
+new connection, and clients that reconnect as fast as theirs close keep it full (1,200 that sent only the preface:
+3 of 20 probes answered, issue 37 D7). With NORMSERVE_GRPC_HEALTH_PORT, each worker also runs a small server of
+its own on that port that answers probes only (Health/Check, ServerLive, ServerReady), with its own few
+connections (HEALTH_CONNECTIONS), so that a probe sent there is answered whatever fills the main port (20 of 20).
+A second port of the main server would have its own count of connections too (grpc counts them per listener,
+measured), but the same limit and every RPC: whoever reached it could run inferences there.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -47,7 +57,6 @@ from app.settings import Settings
 
 log = logging.getLogger("normserve.lifecycle")
 MIN_GRACE_S = 1.0
-IDLE_MS = 300_000  # a connection with no RPC for 5 minutes gets GOAWAY; clients reconnect when they need to
 # RPCs at once on one connection (a client's further calls wait for one to end): at 16, a client at concurrency 16
 # had streams refused (RST_STREAM 7, tests/suites/test_grpc_load.py). The budget, not this, bounds the messages held.
 MAX_STREAMS = 32
@@ -57,21 +66,40 @@ SERIALIZERS: dict[str, Callable[[Any], bytes]] = {
 }
 GATED = {"ModelInfer"}  # read only once the budget has room (calls.gated); a stream's messages too (service.py)
 PARSERS: dict[str, Callable[[bytes], Any]] = {"ModelInfer": wire.parse_infer, "ModelStreamInfer": wire.parse_infer}
+# The probes' server (NORMSERVE_GRPC_HEALTH_PORT): a kubelet and grpc_health_probe open a connection per probe and
+# close it once answered, so a few per worker are plenty; none is held longer than the header timeout.
+HEALTH_HINT = "NORMSERVE_GRPC_HEALTH_PORT"
+HEALTH_CONNECTIONS = 8
+HEALTH_MESSAGE_BYTES = 4096  # a probe's request is a service name
+# Health/Watch is left out: a stream held for as long as its client likes would take one of the few connections.
+PROBES = {"inference.GRPCInferenceService": ("ServerLive", "ServerReady"), "grpc.health.v1.Health": ("Check",)}
 
 
 def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def options(settings: Settings) -> list[tuple[str, int]]:
+def bounds(settings: Settings, connections: int) -> list[tuple[str, int]]:
+    """What both servers hold a connection to: `connections` at once, each closed at the header timeout until it
+    has sent its preface and SETTINGS, and when it has had no RPC for as long."""
+    timeout_ms = int(settings.header_timeout_s * 1000)
     return [
         ("grpc.so_reuseport", 1),  # every worker binds the port (module docstring)
+        # Connections that sent nothing, or never an RPC, were never closed (issue 22): as HTTP's head deadline.
+        ("grpc.server_handshake_timeout_ms", timeout_ms),
+        # The handshake ends with the client's SETTINGS: a connection that sent its preface and SETTINGS and then
+        # nothing was kept for the 5 minutes this was (issue 37, D7). Clients reconnect when they next call, as
+        # HTTP clients do after uvicorn's 5 s keep-alive.
+        ("grpc.max_connection_idle_ms", timeout_ms),
+        ("grpc.max_allowed_incoming_connections", connections),
+    ]
+
+
+def options(settings: Settings) -> list[tuple[str, int]]:
+    return [
+        *bounds(settings, connection_limit(settings)),
         ("grpc.max_receive_message_length", settings.max_body_bytes),  # decompressed too
         ("grpc.max_send_message_length", -1),  # answers are bounded by the inputs' limits, as over HTTP
-        # Connections that sent nothing, or never an RPC, were never closed (issue 22): as HTTP's head deadline.
-        ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * 1000)),
-        ("grpc.max_connection_idle_ms", IDLE_MS),
-        ("grpc.max_allowed_incoming_connections", connection_limit(settings)),
         # Messages grpc buffers before a handler can count them in NORMSERVE_MAX_INFLIGHT_BYTES (budget.py).
         ("grpc.max_concurrent_streams", MAX_STREAMS),
         # grpc grows each stream's flow-control window to the link's bandwidth-delay product: on loopback,
@@ -82,20 +110,60 @@ def options(settings: Settings) -> list[tuple[str, int]]:
     ]
 
 
+def health_options(settings: Settings) -> list[tuple[str, int]]:
+    return [
+        *bounds(settings, HEALTH_CONNECTIONS),
+        ("grpc.max_receive_message_length", HEALTH_MESSAGE_BYTES),
+        ("grpc.max_concurrent_streams", len(PROBES)),
+    ]
+
+
 async def _unimplemented(request: Any, context: Any, call: calls.Call) -> Any:
     await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"normserve does not implement {call.method}")
 
 
+async def _not_a_probe(request: Any, context: Any, call: calls.Call) -> Any:
+    await context.abort(
+        grpc.StatusCode.UNIMPLEMENTED,
+        f"{HEALTH_HINT} answers only ServerLive, ServerReady and grpc.health.v1.Health/Check; "
+        f"call {call.method} on NORMSERVE_GRPC_PORT",
+    )
+
+
+def _streamed(fn: calls.Unary) -> calls.Streaming:
+    """A missing streaming RPC: the abort of `fn` from a stream (grpc iterates a streaming handler's answer)."""
+
+    async def stream(request: Any, context: Any, call: calls.Call) -> AsyncIterator[Any]:
+        await fn(request, context, call)
+        return
+        yield  # an async generator, which ends with the abort
+
+    return stream
+
+
+class Only:
+    """The methods of `impl` named in `names`, and no other (handlers() answers those with `missing`)."""
+
+    def __init__(self, impl: object, names: tuple[str, ...]) -> None:
+        for name in names:
+            setattr(self, name, getattr(impl, name))
+
+
 def handlers(
-    descriptor: Any, messages: ModuleType, impl: object, settings: Settings | None = None, budget: Budget | None = None
+    descriptor: Any,
+    messages: ModuleType,
+    impl: object,
+    settings: Settings | None = None,
+    budget: Budget | None = None,
+    missing: calls.Unary = _unimplemented,
 ) -> dict[str, grpc.RpcMethodHandler]:
-    """A handler for every RPC of a service descriptor, wrapped by calls.py; UNIMPLEMENTED where impl has none.
-    With a budget, ModelInfer reads its message only once NORMSERVE_MAX_BODY_BYTES fit in it (calls.gated)."""
+    """A handler for every RPC of a service descriptor, wrapped by calls.py; `missing` (UNIMPLEMENTED) where impl has
+    none. With a budget, ModelInfer reads its message only once NORMSERVE_MAX_BODY_BYTES fit in it (calls.gated)."""
     table: dict[str, grpc.RpcMethodHandler] = {}
     for method in descriptor.methods:
         request_type = getattr(messages, method.input_type.name)
         response_type = getattr(messages, method.output_type.name)
-        fn: Any = getattr(impl, method.name, _unimplemented)
+        fn: Any = getattr(impl, method.name, _streamed(missing) if method.server_streaming else missing)
         kw = {
             "request_deserializer": calls.decoder(request_type, PARSERS.get(method.name)),
             "response_serializer": SERIALIZERS.get(method.name, response_type.SerializeToString),
@@ -139,17 +207,31 @@ def build(worker: Worker) -> tuple[grpc.aio.Server, service.InferenceService, he
     return server, inference, checks
 
 
+def build_probes(
+    settings: Settings, inference: service.InferenceService, checks: health.HealthService
+) -> grpc.aio.Server:
+    """The server of NORMSERVE_GRPC_HEALTH_PORT: the probes of both services, on the same state as the main port's."""
+    server = grpc.aio.server(options=health_options(settings))
+    for descriptor, messages, impl in (
+        (pb.DESCRIPTOR.services_by_name["GRPCInferenceService"], pb, inference),
+        (health_pb2.DESCRIPTOR.services_by_name["Health"], health_pb2, checks),
+    ):
+        probes = Only(impl, PROBES[descriptor.full_name])
+        _register(server, descriptor.full_name, handlers(descriptor, messages, probes, missing=_not_a_probe))
+    return server
+
+
 def grace_s(worker: Worker) -> float:
     """What is left of the drain timeout (all of it without a SIGTERM), at least MIN_GRACE_S."""
     spent = 0.0 if worker.drain.signalled_at is None else time.monotonic() - worker.drain.signalled_at
     return max(MIN_GRACE_S, worker.settings.drain_timeout_s - spent)
 
 
-def _listen(server: grpc.aio.Server, where: str, port: int) -> IO[str]:
+def _listen(server: grpc.aio.Server, where: str, port: int, hint: str = group.ENV_HINT) -> IO[str]:
     """Claim the port for this server, then bind it: PortTaken (logged) when either fails, and the worker does not
-    start half-served (uvicorn ends the server)."""
+    start half-served (uvicorn ends the server). `hint` names the setting that chooses the port."""
     try:
-        claim = group.claim_grpc_port(port)
+        claim = group.claim_grpc_port(port, hint=hint)
     except group.PortTaken as e:
         log.error("%s", e, extra={"grpc_address": where})  # the one line to read among uvicorn's traceback
         raise
@@ -158,8 +240,7 @@ def _listen(server: grpc.aio.Server, where: str, port: int) -> IO[str]:
     except RuntimeError:  # held by a process that is no normserve, or not an address of this host
         claim.close()
         error = group.PortTaken(
-            f"cannot listen for gRPC on {where} (in use, or not an address of this host); "
-            f"choose another with {group.ENV_HINT}"
+            f"cannot listen for gRPC on {where} (in use, or not an address of this host); choose another with {hint}"
         )
         log.error("%s", error, extra={"grpc_address": where})
         raise error from None
@@ -174,17 +255,36 @@ async def serving(worker: Worker) -> AsyncIterator[grpc.aio.Server | None]:
         yield None
         return
     server, inference, checks = build(worker)
-    where = address(settings.host, settings.grpc_port)
-    claim = _listen(server, where, settings.grpc_port)
-    await server.start()
-    log.info("gRPC listening on %s", where, extra={"grpc_address": where})
+    listening = [(server, address(settings.host, settings.grpc_port), settings.grpc_port, group.ENV_HINT)]
+    if settings.grpc_health_port:
+        where = address(settings.host, settings.grpc_health_port)
+        listening.append((build_probes(settings, inference, checks), where, settings.grpc_health_port, HEALTH_HINT))
+    claims: list[IO[str]] = []
+    try:
+        if settings.grpc_health_port == settings.grpc_port:  # SO_REUSEPORT would let both bind it and split probes
+            error = group.PortTaken(f"{HEALTH_HINT} must differ from NORMSERVE_GRPC_PORT ({settings.grpc_port})")
+            log.error("%s", error, extra={"grpc_address": listening[0][1]})
+            raise error
+        for each, where, port, hint in listening:
+            claims.append(_listen(each, where, port, hint))
+    except group.PortTaken:
+        for claim in claims:
+            claim.close()
+        raise
+    for each, where, _, hint in listening:
+        await each.start()
+        log.info(
+            "gRPC %slistening on %s", "probes " if hint == HEALTH_HINT else "", where, extra={"grpc_address": where}
+        )
     try:
         yield server
     finally:
-        claim.close()
+        for claim in claims:
+            claim.close()
         # The drain (SIGTERM) has already waited for in-flight inferences; mark draining in case no signal came,
-        # so that RPCs arriving during the grace answer UNAVAILABLE, then end idle streams and stop.
+        # so that RPCs arriving during the grace answer UNAVAILABLE (probes NOT_SERVING, on either port), then end
+        # idle streams and stop.
         worker.admission.draining = True
         inference.close()
         checks.close()
-        await server.stop(grace_s(worker))
+        await asyncio.gather(*(each.stop(grace_s(worker)) for each, *_ in listening))
