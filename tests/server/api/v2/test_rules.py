@@ -10,68 +10,13 @@ import pytest
 
 from app.core.halfprecision import HALF_DTYPES
 from app.core.runtime import Runtime
-from app.errors import InvalidInput, MalformedBody
+from app.errors import InvalidInput
 from app.server.api.v2 import rules
 from app.settings import Settings
+from tests.server.api.v2.refusals import refused as _refused
 
 SETTINGS = Settings(max_depth=4, max_elements=1000)
 READS = "(it reads eps, eps_mode, normalized_ndim; other names are ignored)"
-
-
-def _refused(fn: Any, *args: Any) -> str:
-    with pytest.raises(InvalidInput) as e:
-        fn(*args)
-    return e.value.message
-
-
-@pytest.mark.parametrize(
-    ("params", "message"),
-    [
-        ([1], "parameters: expected an object, got [1]"),
-        ({"binary_data_output": 1}, "parameters.binary_data_output: expected true or false, got 1"),
-        *(
-            (
-                {"alpha": 1, name: 1},
-                f"parameters.{name}: unknown parameter for model 'layernorm'; did you mean {known!r}? {READS}",
-            )
-            for name, known in [
-                ("epsilon", "eps"),  # difflib's ratio 0.6
-                ("Eps", "eps"),  # the same name in another case
-                ("EPS", "eps"),
-                ("eps2", "eps"),
-                ("mode", "eps_mode"),
-                ("eps_mod", "eps_mode"),  # 0.93 to eps_mode, 0.6 to eps: the closer one is meant
-                ("normalized-ndim", "normalized_ndim"),  # '-' for '_'
-                ("norm", "normalized_ndim"),  # a prefix of it
-            ]
-        ),
-    ],
-    ids=lambda v: str(v) if isinstance(v, (list, dict)) else None,
-)
-def test_parameters_close_to_the_models_own_are_refused(runtime: Runtime, params: Any, message: str) -> None:
-    assert _refused(rules.parameters, params, runtime.get("layernorm")) == message
-
-
-@pytest.mark.parametrize(
-    ("model", "params", "ignored"),
-    [
-        ("layernorm", {"eps": 1e-3, "priority": 2, "binary_data_output": True}, ()),
-        ("layernorm", {"alpha": 1, "eps": 1e-3, "content_type": "np", "e": 2}, ("alpha", "content_type", "e")),
-        ("layernorm", {"trace_id": "t1", "ndim": 2, "beta": [1]}, ("beta", "ndim", "trace_id")),
-        ("encoder", {"eps": 1, "eps_mode": "std", "timeout": 5}, ("eps", "eps_mode")),  # an encoder reads none
-    ],
-    ids=["known", "far-from-eps", "far-from-all", "encoder"],
-)
-def test_other_parameters_pass_through_and_are_listed_as_ignored(
-    runtime: Runtime, model: str, params: dict[str, Any], ignored: tuple[str, ...]
-) -> None:
-    assert rules.parameters(params, runtime.get(model)) == params
-    assert rules.ignored(params, runtime.get(model)) == ignored
-
-
-def test_no_parameters_are_none_ignored(runtime: Runtime) -> None:
-    assert rules.parameters(None, runtime.get("layernorm")) == {}
-    assert rules.ignored({}, runtime.get("layernorm")) == ()
 
 
 @pytest.mark.parametrize(
@@ -147,63 +92,6 @@ def test_an_inputs_parameters_are_the_transports_and_content_type_only(
 )
 def test_an_inputs_allowed_parameters_are_returned_as_given(runtime: Runtime, params: Any, allowed: Any) -> None:
     assert rules.tensor_parameters(params, runtime.get("layernorm").inputs[0], allowed) == (params or {})
-
-
-def test_raw_bytes_must_fill_the_shape(runtime: Runtime) -> None:
-    spec = runtime.get("layernorm").inputs[0]
-    with pytest.raises(MalformedBody) as e:
-        rules.from_raw(b"\0" * 8, spec, "FP32", [3], "inputs.input", "raw_input_contents")
-    assert e.value.message == "inputs.input: raw_input_contents is 8 bytes, but shape [3] of FP32 needs 12"
-    raw = np.arange(3, dtype=np.float32).tobytes()
-    assert rules.from_raw(raw, spec, "FP32", [3], "f").tolist() == [0, 1, 2]
-
-
-@pytest.mark.parametrize(
-    ("raw", "expected"),
-    [
-        (b"\0\1\0\1", [[False, True], [False, True]]),
-        (b"\0\2\xff\x80", [[False, True], [True, True]]),  # perf_analyzer's random bytes: nonzero is true, as in C
-    ],
-    ids=["zero-one", "any-nonzero"],
-)
-def test_raw_bool_bytes_are_true_when_nonzero(runtime: Runtime, raw: bytes, expected: list[list[bool]]) -> None:
-    mask = runtime.get("encoder").inputs[1]
-    flags = rules.from_raw(bytearray(raw), mask, "BOOL", [2, 2], "f")
-    assert flags.dtype == np.bool_ and flags.tolist() == expected
-    assert flags.view(np.uint8).max() <= 1  # each element is a real NumPy bool, whatever byte was sent
-    assert flags.flags.writeable  # a copy, not the request's memory
-
-
-@pytest.mark.parametrize(
-    ("params", "expected"),
-    [
-        ({"eps": "0.001"}, {"eps": 0.001}),
-        ({"eps": "1E-5", "normalized_ndim": "2"}, {"eps": 1e-5, "normalized_ndim": 2}),
-        ({"eps": "+.5", "normalized_ndim": "-1"}, {"eps": 0.5, "normalized_ndim": -1}),  # -1: refused by the model
-        ({"eps": "abc", "normalized_ndim": "2.0"}, {"eps": "abc", "normalized_ndim": "2.0"}),  # named by the model
-        ({"eps": "nan"}, {"eps": "nan"}),
-        ({"eps": "1e999"}, {"eps": "1e999"}),  # not finite: stays as sent
-        ({"eps": " 0.1"}, {"eps": " 0.1"}),
-        ({"eps": "\u0661e-3", "normalized_ndim": "\u0661"}, {"eps": "\u0661e-3", "normalized_ndim": "\u0661"}),
-        ({"eps": "\uff11e-3", "normalized_ndim": "\uff12"}, {"eps": "\uff11e-3", "normalized_ndim": "\uff12"}),
-        ({"eps_mode": "1"}, {"eps_mode": "1"}),  # a string parameter stays a string
-        ({"sequence_id": "7"}, {"sequence_id": "7"}),  # the protocol's own: unread, unchanged
-        ({"eps": 0.25, "normalized_ndim": 1}, {"eps": 0.25, "normalized_ndim": 1}),
-    ],
-)
-def test_strings_that_spell_numbers_are_read_as_numbers_where_the_parameter_is_one(
-    runtime: Runtime, params: dict[str, Any], expected: dict[str, Any]
-) -> None:
-    got = rules.parameters(params, runtime.get("layernorm"))
-    assert got == expected and [type(v) for v in got.values()] == [type(v) for v in expected.values()]
-
-
-def test_inline_elements_must_fill_the_shape() -> None:
-    assert (
-        _refused(rules.check_count, 5, [2, 3], "inputs.input.data")
-        == "inputs.input.data: 5 elements, but shape [2, 3] needs 6"
-    )
-    rules.check_count(6, [2, 3], "inputs.input.data")
 
 
 @pytest.mark.parametrize(
@@ -284,24 +172,6 @@ def test_a_datatype_the_spec_does_not_take_is_refused_listing_what_it_takes(
     assert _refused(rules.check_datatype, datatype, spec, "inputs.input") == message
     for taken in ("FP32", "FP64", "FP16", "BF16"):
         rules.check_datatype(taken, spec, "inputs.input")
-
-
-@pytest.mark.parametrize(
-    ("datatype", "numbers", "expected"),
-    [
-        ("FP16", [0.1, 1000.3, 3], [0.0999755859375, 1000.5, 3.0]),  # the nearest FP16 values
-        ("BF16", [0.1, 1000.3, 3], [0.10009765625, 1000.0, 3.0]),
-        ("FP32", [0.1, 1000.3, 3], [0.1, 1000.3, 3.0]),  # as sent: the data plane casts it
-    ],
-)
-def test_inline_numbers_are_rounded_to_a_half_type(datatype: str, numbers: list[float], expected: list[float]) -> None:
-    arr = rules.from_numbers(np.array(numbers), datatype, "inputs.input")
-    assert arr.astype(np.float64).tolist() == expected
-
-
-def test_inline_numbers_beyond_the_half_range_are_refused_naming_the_tensor() -> None:
-    message = _refused(rules.from_numbers, np.array([[1.0, -65520.0]]), "FP16", "inputs.gamma")
-    assert message == "inputs.gamma: element [0, 1] = -65520 is outside float16's finite range (|x| <= 65504)"
 
 
 @pytest.mark.parametrize(
