@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
+from app.core.model import TensorSpec
 from app.core.runtime import Runtime
 from app.errors import MalformedBody
 from app.server.api.v2 import elements
+from app.server.api.v2.request import Contents, Inline
+from app.settings import Settings
 from tests.server.api.v2.refusals import refused as _refused
 
 
@@ -60,3 +65,50 @@ def test_inline_numbers_are_rounded_to_a_half_type(datatype: str, numbers: list[
 def test_inline_numbers_beyond_the_half_range_are_refused_naming_the_tensor() -> None:
     message = _refused(elements.from_numbers, np.array([[1.0, -65520.0]]), "FP16", "inputs.gamma")
     assert message == "inputs.gamma: element [0, 1] = -65520 is outside float16's finite range (|x| <= 65504)"
+
+
+TEXT = TensorSpec("text", ("BYTES",), (-1,))
+TWO_TEXTS = (b"\x02\0\0\0hi" + b"\x03\0\0\0you", ["hi", "you"])
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (Inline("hi"), "inputs.text.data: 'hi'; expected a list of strings"),
+        (Inline(["hi", 3]), "inputs.text.data[1]: 3; expected a string"),
+        (Inline(["hi"]), "inputs.text.data: 1 elements, but shape [2] needs 2"),
+        (None, "inputs.text: expected `data`, or parameters.binary_data_size with binary data"),
+    ],
+)
+def test_json_strings_of_a_bytes_input_must_be_a_flat_list_filling_the_shape(data: Any, message: str) -> None:
+    assert _refused(elements.of_body, data, {}, memoryview(b""), TEXT, ("BYTES", [2]), Settings(), True) == message
+
+
+@pytest.mark.parametrize(
+    ("data", "params", "binary"),
+    [
+        (Inline(TWO_TEXTS[1]), {}, b""),
+        (None, {"binary_data_size": len(TWO_TEXTS[0])}, TWO_TEXTS[0]),
+    ],
+    ids=["json", "binary"],
+)
+def test_a_bytes_input_reads_as_texts_from_json_or_a_binary_section(data: Any, params: Any, binary: bytes) -> None:
+    arr, taken = elements.of_body(data, params, memoryview(binary), TEXT, ("BYTES", [2]), Settings(), True)
+    assert (arr.tolist(), taken) == (TWO_TEXTS[1], len(binary))
+
+
+@pytest.mark.parametrize(
+    ("data", "raw", "expected"),
+    [
+        (Contents({"bytes_contents": [b"hi", b"you"]}), None, TWO_TEXTS[1]),
+        (None, TWO_TEXTS[0], TWO_TEXTS[1]),
+        (Contents({"bytes_contents": [b"hi", b"\xff"]}), None, "inputs.text[1]: invalid UTF-8 at byte 0; expected UTF-8 text"),
+        (Contents({"fp32_contents": [1.0, 2.0]}), None, "inputs.text.contents: fp32_contents cannot hold BYTES; expected bytes_contents"),
+    ],
+    ids=["typed", "raw", "typed-not-utf8", "typed-wrong-field"],
+)  # fmt: skip
+def test_a_bytes_input_over_grpc_reads_as_texts_from_typed_or_raw_contents(data: Any, raw: Any, expected: Any) -> None:
+    if isinstance(expected, str):
+        assert _refused(elements.of_message, data, raw, TEXT, "BYTES", [2]) == expected
+    else:
+        assert elements.of_message(data, raw, TEXT, "BYTES", [2]).tolist() == expected

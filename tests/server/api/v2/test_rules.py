@@ -10,8 +10,9 @@ import pytest
 
 from app.core.halfprecision import HALF_DTYPES
 from app.core.runtime import Runtime
-from app.errors import InvalidInput
+from app.errors import InvalidInput, MalformedBody
 from app.server.api.v2 import rules
+from app.server.api.v2.request import Contents, Inline, JsonHeader, V2Input, V2Output, V2Request
 from app.settings import Settings
 from tests.server.api.v2.refusals import refused as _refused
 
@@ -225,3 +226,136 @@ def test_an_output_beyond_its_half_range_is_refused_naming_it() -> None:
     assert _refused(list, rules.output_tensors(_Float64Result(), req, None)) == (  # type: ignore[arg-type]
         "outputs.output: element [1] = 1e+300 is outside float16's finite range (|x| <= 65504)"
     )
+
+
+# ---- decode: one V2Request, every rule in one pass (issue 34) -------------------------------------------------------
+
+X = np.array([[1.0, 2.0, 4.0], [0.5, 0.25, 8.0]], np.float32)
+X_DATA = X.ravel().tolist()
+
+
+def _in(name: Any = "input", data: Any = X_DATA, datatype: str = "FP32", shape: Any = (2, 3), **fields: Any) -> V2Input:
+    """An input with its elements inline (HTTP's JSON `data`), or none (None: raw bytes or a binary section)."""
+    return V2Input(name, datatype, list(shape), fields.get("parameters"), None if data is None else Inline(data))
+
+
+def _raw(name: str = "input", **fields: Any) -> V2Input:
+    return _in(name, None, **fields)
+
+
+def http(*inputs: V2Input, binary: bytes = b"", **fields: Any) -> V2Request:
+    """As the HTTP codec reads a body: the binary part after its JSON header, outputs that may go binary."""
+    return V2Request(fields.pop("id", None), fields.pop("parameters", None), inputs, binary=memoryview(binary),
+                     binary_outputs=True, **fields)  # fmt: skip
+
+
+def grpc(*inputs: V2Input, raw: tuple[bytes, ...] = (), **fields: Any) -> V2Request:
+    """As the gRPC codec reads a ModelInferRequest: raw_input_contents beside the inputs, every output raw."""
+    return V2Request(fields.pop("id", None), fields.pop("parameters", {}), inputs, raw=raw, **fields)
+
+
+def _fp32s(*values: float) -> Contents:
+    return Contents({"fp32_contents": list(values)})
+
+
+@pytest.mark.parametrize(
+    ("model", "request_", "message"),
+    [
+        ("layernorm", http(_in(), model_name="encoder"), "model_name: 'encoder' is not the model of the URL, 'layernorm'"),
+        ("layernorm", http(_in(), model_version="2"), "model_version: '2' is not the version that serves this request, 1"),
+        ("layernorm", http(_in(), parameters=[1]), "parameters: expected an object, got [1]"),
+        ("layernorm", http(), "inputs: expected a non-empty list of input tensors"),
+        ("layernorm", http(_in(None)), "inputs[0]: expected an object with a string `name`"),
+        ("layernorm", http(_in("x")), "inputs.x: unknown input for model 'layernorm'; expected input, gamma, beta"),
+        ("layernorm", http(_in(), _in()), "inputs.input: given twice"),
+        ("layernorm", http(_in(datatype="INT8")), "inputs.input: datatype 'INT8' is not supported; expected FP32, FP64, FP16 or BF16"),
+        ("layernorm", http(V2Input("input", "FP32", "2x3", None, Inline(X_DATA))), "inputs.input.shape: expected a list of integers, got '2x3'"),
+        ("layernorm", http(_in(parameters={"shm": 1})), "inputs.input: parameters {'shm': 1} are not supported; only binary_data_size or content_type is"),
+        ("layernorm", http(_in(data=None)), "inputs.input: expected `data`, or parameters.binary_data_size with binary data"),
+        ("layernorm", http(_in(data=[1, 2])), "inputs.input.data: 2 elements, but shape [2, 3] needs 6"),
+        ("layernorm", http(_in(data=[1, 2, 3, 4, 5, True])), "inputs.input.data: booleans are not numbers; expected an array of numbers"),
+        ("layernorm", http(_in(parameters={"binary_data_size": 24})), "inputs.input: has both `data` and parameters.binary_data_size; send one"),
+        ("layernorm", http(_in(data=None, parameters={"binary_data_size": -1})), "inputs.input.parameters.binary_data_size: expected a byte count, got -1"),
+        ("layernorm", http(_in(data=None, parameters={"binary_data_size": 24}), binary=X.tobytes()[:20]), "inputs.input.parameters.binary_data_size: 24 bytes declared, but only 20 follow (is Inference-Header-Content-Length set?)"),
+        ("layernorm", http(_in(data=None, parameters={"binary_data_size": 20}), binary=X.tobytes()[:20]), "inputs.input.parameters.binary_data_size: binary_data_size is 20 bytes, but shape [2, 3] of FP32 needs 24"),
+        ("layernorm", http(_in(), binary=b"\0" * 4), "binary_data_size: the inputs' binary_data_size add up to 0 bytes, but 4 follow the JSON header"),
+        ("layernorm", http(_in("gamma", shape=[3], data=[1, 1, 1])), "inputs.input: required input missing for model 'layernorm'"),
+        ("layernorm", http(_in(), outputs=None), "outputs: expected a list of {name, parameters}"),
+        ("layernorm", http(_in(), outputs=[V2Output("out")]), "outputs[0]: unknown output 'out'; expected one of output, mean, inv_std_dev"),
+        ("layernorm", http(_in(), outputs=[V2Output("mean", {"binary_data": "yes"})]), "outputs.mean.parameters.binary_data: expected true or false, got 'yes'"),
+        ("layernorm", http(_in(), outputs=[V2Output("mean", {"datatype": "FP8"})]), "outputs.mean.parameters.datatype: datatype 'FP8' is not supported; expected FP32, FP64, FP16 or BF16"),
+        ("layernorm", http(_in(), parameters={"eps": -1}), "parameters.eps: expected a finite number > 0, got -1"),
+        ("encoder", http(_in(shape=[1, 2, 3])), "inputs.input: last dimension is 3, expected d_model = 128 (model 'encoder', version 1)"),
+        ("layernorm", grpc(_raw(), raw=(X.tobytes(), X.tobytes())), "raw_input_contents: 2 for 1 inputs; expected one per input, in order, or none"),
+        ("layernorm", grpc(_raw()), "inputs.input: expected contents.fp32_contents, or raw_input_contents"),
+        ("layernorm", grpc(_raw(), raw=(X.tobytes()[:8],)), "inputs.input: raw_input_contents is 8 bytes, but shape [2, 3] of FP32 needs 24"),
+        ("layernorm", grpc(V2Input("input", "FP32", [2, 3], None, _fp32s(1)), raw=(X.tobytes(),)), "inputs.input: has both contents and raw_input_contents; send one"),
+        ("layernorm", grpc(V2Input("input", "FP64", [2, 3], None, _fp32s(1))), "inputs.input.contents: fp32_contents cannot hold FP64; expected fp64_contents"),
+        ("layernorm", grpc(V2Input("input", "FP32", [2, 3], None, _fp32s(1))), "inputs.input.contents.fp32_contents: 1 elements, but shape [2, 3] needs 6"),
+        ("layernorm", grpc(_raw(), raw=(X.tobytes(),), outputs=[V2Output("mean", {"binary_data": True})]), "outputs.mean: parameters {'binary_data': True} are not supported; only datatype is"),
+    ],
+)  # fmt: skip
+def test_decode_names_the_first_broken_rule_whole(
+    runtime: Runtime, model: str, request_: V2Request, message: str
+) -> None:
+    with pytest.raises((InvalidInput, MalformedBody)) as e:
+        rules.decode(request_, runtime.get(model), SETTINGS)
+    assert e.value.message == message
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        # each rule in the order of the request: the body's model, parameters, inputs, outputs, then repeated keys
+        (http(_in("x"), parameters=[1], model_name="encoder"), "model_name: 'encoder' is not the model of the URL, 'layernorm'"),
+        (http(_in("x"), parameters=[1]), "parameters: expected an object, got [1]"),
+        (http(_in("x"), _in(datatype="INT8"), outputs=None), "inputs.x: unknown input for model 'layernorm'; expected input, gamma, beta"),
+        (http(_in(), outputs=None, json=JsonHeader(b'{"a": 1, "a": 2}', 16, False)), "outputs: expected a list of {name, parameters}"),
+        (http(_in(), json=JsonHeader(b'{"a": 1, "a": 2}', 16, False)), "a: given more than once in one object; send each field once"),
+        (http(_in(), parameters={"eps": -1}, json=JsonHeader(b'{"a": 1, "a": 2}', 16, False)), "a: given more than once in one object; send each field once"),
+        (http(_in(data=None, parameters={"binary_data_size": 99}), _in("gamma", datatype="INT8"), binary=b"\0"), "inputs.input.parameters.binary_data_size: 99 bytes declared, but only 1 follow (is Inference-Header-Content-Length set?)"),
+        (grpc(_raw("x"), raw=(b"", b""), parameters=[1]), "parameters: expected an object, got [1]"),
+        (grpc(_raw("x"), raw=(b"", b"")), "raw_input_contents: 2 for 1 inputs; expected one per input, in order, or none"),
+    ],
+)  # fmt: skip
+def test_decode_names_the_mistakes_in_the_order_of_the_request(
+    runtime: Runtime, request_: V2Request, message: str
+) -> None:
+    with pytest.raises((InvalidInput, MalformedBody)) as e:
+        rules.decode(request_, runtime.get("layernorm"), SETTINGS)
+    assert e.value.message == message
+
+
+G = np.array([2.0, 1.0, 0.5], np.float32)
+PARAMS = {"eps": "0.001", "eps_mode": "std", "binary_data_output": True, "trace_id": "t"}
+
+
+@pytest.mark.parametrize(
+    ("request_", "binary"),
+    [
+        (http(_in(), _in("gamma", G.tolist(), shape=[3]), id="r", parameters=PARAMS), True),
+        (http(_in(data=None, parameters={"binary_data_size": 24}), _in("gamma", None, shape=[3], parameters={"binary_data_size": 12}),
+              binary=X.tobytes() + G.tobytes(), id="r", parameters=PARAMS), True),
+        (grpc(_raw(), _raw("gamma", shape=[3]), raw=(X.tobytes(), G.tobytes()), id="r", parameters=PARAMS), False),
+        (grpc(V2Input("input", "FP32", [2, 3], None, _fp32s(*X.ravel())), V2Input("gamma", "FP32", [3], None, _fp32s(*G)),
+              id="r", parameters=PARAMS), False),
+    ],
+    ids=["http-json", "http-binary", "grpc-raw", "grpc-typed"],
+)  # fmt: skip
+def test_decode_reads_one_request_alike_from_every_transport(
+    runtime: Runtime, request_: V2Request, binary: bool
+) -> None:
+    """binary_data_output sends every output binary over HTTP; gRPC sends every output raw whatever it says."""
+    req = rules.decode(request_, runtime.get("layernorm"), SETTINGS)
+    assert (req.id, req.datatype, req.ignored, req.output_datatypes) == ("r", "FP32", ("trace_id",), {})
+    assert req.outputs == [("output", binary), ("mean", binary), ("inv_std_dev", binary)]
+    assert (req.input.eps, req.input.eps_mode, req.input.k) == (0.001, "std", 1)
+    np.testing.assert_array_equal(req.input.x, X)
+    np.testing.assert_array_equal(req.input.gamma, G)
+
+
+def test_decode_keeps_a_binary_input_a_view_of_the_body(runtime: Runtime) -> None:
+    body = bytearray(X.tobytes())
+    request_ = http(_in(data=None, parameters={"binary_data_size": 24}), binary=b"")
+    req = rules.decode(dataclasses.replace(request_, binary=memoryview(body)), runtime.get("layernorm"), SETTINGS)
+    assert np.shares_memory(req.input.x, np.frombuffer(body, np.uint8))  # no copy of a large tensor
