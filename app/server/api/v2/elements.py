@@ -69,10 +69,10 @@ def of_body(
 
 
 def of_message(
-    data: Inline | Contents | None, raw: bytes | None, spec: TensorSpec, datatype: str, shape: list[int]
+    data: Inline | Contents | None, raw: bytes | None, spec: TensorSpec, header: tuple[str, list[int]]
 ) -> np.ndarray:
     """A gRPC input: its raw_input_contents, or the typed contents field of its datatype."""
-    field = f"inputs.{spec.name}"
+    (datatype, shape), field = header, f"inputs.{spec.name}"
     typed = CONTENTS[datatype]
     if raw is not None:
         if data is not None:

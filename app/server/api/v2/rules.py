@@ -118,8 +118,10 @@ def _inputs(request: V2Request, model: Model, settings: Settings) -> tuple[dict[
         header = tensor_header(spec, entry.datatype, entry.shape, settings)
         # gRPC: KServe's client names each raw input's size: accepted, as the raw bytes' own length is what counts.
         params = tensor_parameters(entry.parameters, spec, ("binary_data_size",))
-        if binary is None:  # raw[i] copies the bytes out of the message once; the array is a view of that copy
-            tensors[spec.name] = elements.of_message(entry.data, raw[i] if raw else None, spec, *header)
+        # Where the elements are is the transport's: gRPC's raw_input_contents or typed contents (raw[i] copies
+        # the bytes out of the message once; the array is a view of that copy), HTTP's JSON or binary part.
+        if binary is None:
+            tensors[spec.name] = elements.of_message(entry.data, raw[i] if raw else None, spec, header)
         else:
             rest = binary[offset:]
             tensors[spec.name], size = elements.of_body(entry.data, params, rest, spec, header, settings, bools)

@@ -109,6 +109,6 @@ def test_a_bytes_input_reads_as_texts_from_json_or_a_binary_section(data: Any, p
 )  # fmt: skip
 def test_a_bytes_input_over_grpc_reads_as_texts_from_typed_or_raw_contents(data: Any, raw: Any, expected: Any) -> None:
     if isinstance(expected, str):
-        assert _refused(elements.of_message, data, raw, TEXT, "BYTES", [2]) == expected
+        assert _refused(elements.of_message, data, raw, TEXT, ("BYTES", [2])) == expected
     else:
-        assert elements.of_message(data, raw, TEXT, "BYTES", [2]).tolist() == expected
+        assert elements.of_message(data, raw, TEXT, ("BYTES", [2])).tolist() == expected
