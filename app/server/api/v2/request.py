@@ -5,31 +5,29 @@ each read their wire into a V2Request and check nothing the wire itself does not
 the JSON header's byte count); app/server/api/v2/rules.py's `decode` then checks all of it in one pass.
 Fields hold what was sent, unchecked (`Any` where a client may send anything), and tensor data located
 but not decoded: JSON numbers as the fast path parsed them, raw bytes as views of the body or message.
+Named tuples, not frozen dataclasses: a small JSON request of two inputs builds five values, 6.4 us as
+frozen dataclasses and 3.1 us as named tuples (timeit, one core), of a decode of ~200 us.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Inline:
+class Inline(NamedTuple):
     """A tensor's elements in the request itself: HTTP's JSON `data` (lists, or NumPy from app/core/jsontensors.py)."""
 
     value: Any
 
 
-@dataclass(frozen=True, slots=True)
-class Contents:
+class Contents(NamedTuple):
     """gRPC's typed contents (InferTensorContents): each field set in the message, by name."""
 
     fields: Mapping[str, Sequence[Any]]
 
 
-@dataclass(frozen=True, slots=True)
-class V2Input:
+class V2Input(NamedTuple):
     name: Any
     datatype: Any
     shape: Any
@@ -44,8 +42,7 @@ class V2Output(NamedTuple):
     parameters: Any = None
 
 
-@dataclass(frozen=True, slots=True)
-class JsonHeader:
+class JsonHeader(NamedTuple):
     """A JSON header as sent (HTTP): its keys must be unique (app/core/jsonkeys.py), a check left until the
     rest is valid, when its tensors are known to be plain numbers and the scan is one cheap pass."""
 
@@ -54,8 +51,7 @@ class JsonHeader:
     may_hold_bools: bool  # False: no true/false token in it, so inline numbers need no check for booleans
 
 
-@dataclass(frozen=True, slots=True)
-class V2Request:
+class V2Request(NamedTuple):
     id: str | None
     parameters: Any  # None: none sent
     inputs: Sequence[V2Input]  # empty, also when the wire's `inputs` were not a list

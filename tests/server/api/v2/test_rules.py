@@ -357,5 +357,5 @@ def test_decode_reads_one_request_alike_from_every_transport(
 def test_decode_keeps_a_binary_input_a_view_of_the_body(runtime: Runtime) -> None:
     body = bytearray(X.tobytes())
     request_ = http(_in(data=None, parameters={"binary_data_size": 24}), binary=b"")
-    req = rules.decode(dataclasses.replace(request_, binary=memoryview(body)), runtime.get("layernorm"), SETTINGS)
+    req = rules.decode(request_._replace(binary=memoryview(body)), runtime.get("layernorm"), SETTINGS)
     assert np.shares_memory(req.input.x, np.frombuffer(body, np.uint8))  # no copy of a large tensor
