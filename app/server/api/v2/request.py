@@ -58,7 +58,9 @@ class V2Request(NamedTuple):
     outputs: Sequence[V2Output] | None = ()  # none named: every output; None: the wire's were not a list
     model_name: Any = None  # HTTP's body may name the URL's model again (KServe's client does); None: not sent
     model_version: Any = None
-    binary: memoryview | None = None  # HTTP: the bytes after the JSON header, binary_data_size by binary_data_size
+    # HTTP: the bytes after the JSON header, cut by each input's binary_data_size in order (empty: none follow);
+    # None: the transport carries each input's bytes itself (gRPC), and its inputs' elements are read as gRPC's.
+    binary: memoryview | None = None
     raw: Sequence[bytes] = ()  # gRPC: raw_input_contents, one per input in order, or none
     binary_outputs: bool = False  # HTTP: outputs may go as binary data (binary_data_output, binary_data)
     json: JsonHeader | None = None
