@@ -1,18 +1,16 @@
 """The Open Inference Protocol's rules for an infer request, once for both of its transports.
 
-The HTTP codec (app/server/api/v2/http/codec.py) parses JSON and binary sections, the gRPC codec
-(app/server/api/v2/grpc/codec.py) reads protobuf messages; both hand plain values to these
-functions, which check them and phrase the errors. So a rule (a known input, its datatype, its
-rank and element limits, the byte count of raw data, BOOL bytes, the parameters and numbers sent
-as strings, the requested outputs, a finite result) lives here alone and reads the same whichever
-transport broke it.
+Each transport reads its wire into one plain value (app/server/api/v2/request.py's V2Request: the HTTP
+codec from JSON and binary sections, the gRPC codec from protobuf messages), and `decode` checks all of it
+in one pass, calling down into the helpers below and app/server/api/v2/elements.py, never back into a codec.
+So a rule (the model the body names, a known input, its datatype, its rank and element limits, the byte
+count of raw data, BOOL bytes, the parameters and numbers sent as strings, the requested outputs, a finite
+result) lives here alone and reads the same whichever transport broke it.
 """
 
 from __future__ import annotations
 
-import difflib
-import math
-import re
+import dataclasses
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,33 +19,22 @@ import numpy as np
 
 from app.core.dataplane import Fields
 from app.core.halfprecision import HALF_DTYPES, narrow
+from app.core.jsonkeys import check_unique_keys
 from app.core.model import STATISTICS_OF_HALF, Model, TensorSpec
-from app.core.tensors import DATATYPES, check_finite, check_shape, decode_binary
-from app.errors import ExtensionNotSupported, InvalidInput, shown
-from app.server.api.v2 import strings
+from app.core.tensors import DATATYPES, check_finite, check_shape
+from app.errors import ExtensionNotSupported, InvalidInput, MalformedBody, shown
+from app.server.api.v2 import elements, parameters
+from app.server.api.v2.request import V2Request
 from app.settings import Settings
 
-MISSPELT_RATIO = 0.6  # difflib's: "epsilon" vs "eps" is 0.6, "eps_mod" vs "eps_mode" 0.93, "content_type" vs "eps" 0.13
 # Tensor parameters that clients add and no model reads: KServe's and MLServer's codecs send content_type.
 IGNORED_TENSOR_PARAMETERS = ("content_type",)
-# Parameters of the protocol itself (tritonclient's reserved names): accepted, and only the first is used.
-PROTOCOL_PARAMETERS = ("binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
-# A number as a string (KServe's and MLServer's gRPC parameters have no double): a decimal, as JSON writes one,
-# in ASCII digits: float() and int() also read Arabic-Indic and fullwidth digits, which a proxy checking numbers
-# would refuse.
-NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
 # Triton's shared-memory extensions, by their HTTP path segment: not supported (errors.ExtensionNotSupported).
 SHARED_MEMORY = {"systemsharedmemory": "system_shared_memory", "cudasharedmemory": "cuda_shared_memory"}
 # The tensor parameters by which an infer names a registered region (tritonclient's set_shared_memory): of
 # either extension, since the region's name does not say which.
 SHARED_MEMORY_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 SHARED_MEMORY_EXTENSIONS = " or ".join(SHARED_MEMORY.values())
-# Bounds on what a request's parameters may cost: 100,000 unknown names took 5.4 s of difflib and were echoed
-# back as 4.1 MB. A model reads at most 3 and the protocol names 6; clients add a few of their own.
-MAX_PARAMETERS = 64  # more is a 400 naming `parameters`
-MAX_CHECKED_NAME = 64  # longer names are never close to a model's (difflib's cost grows with the length)
-MAX_ECHOED = 16  # names listed back in `ignored_parameters`, each cut to MAX_CHECKED_NAME characters
 # The data plane's fields as V2 names them: tensors are inputs, the small fields request parameters.
 FIELDS = Fields(
     x="inputs.input",
@@ -81,61 +68,72 @@ class InferRequest:
         return self.datatype_of("output")
 
 
-def parameters(raw: Any, model: Model) -> dict[str, Any]:
-    """The request's parameters. Names the model does not read are accepted and ignored, as Triton's backends
-    ignore what they do not know (clients add their own: KServe's codecs, Triton's forwarding), and listed
-    back by `ignored`; but a name close to one the model reads (`epsilon`, `Eps`) is refused: a misspelt
-    eps must never silently leave the default in place."""
-    params = {} if raw is None else raw
-    if not isinstance(params, dict):
-        raise InvalidInput(f"expected an object, got {shown(params)}", "parameters")
-    if len(params) > MAX_PARAMETERS:
-        raise InvalidInput(f"{len(params)} parameters; at most {MAX_PARAMETERS} are accepted", "parameters")
-    for name, value in params.items():
-        if name not in model.parameters and name not in PROTOCOL_PARAMETERS:
-            _not_misspelt(name, model)
-        if name == "binary_data_output" and not isinstance(value, bool):
-            raise InvalidInput(f"expected true or false, got {shown(value)}", "parameters.binary_data_output")
-        # Accepted and unused, but still the protocol's parameter values (the model's own are checked as they are read).
-        if name in PROTOCOL_PARAMETERS and not isinstance(value, bool | int | float | str):
-            raise InvalidInput(f"expected a boolean, number or string, got {shown(value)}", f"parameters.{name}")
-    return {name: _number(value, model.numbers.get(name)) for name, value in params.items()}
+def decode(request: V2Request, model: Model, settings: Settings) -> InferRequest:
+    """Every rule of an infer request in one pass, in the order a client's mistakes are named: the model the
+    body names, the parameters, each input, the outputs, then the JSON header's keys; last, the model's kind
+    builds (and checks) the data plane's input."""
+    _same_model(request, model)
+    params = parameters.checked(request.parameters, model)
+    tensors, datatype = _inputs(request, model, settings)
+    if request.outputs is None:
+        raise InvalidInput("expected a list of {name, parameters}", "outputs")
+    # HTTP answers each output as binary data or JSON, as asked; gRPC always raw, and refuses binary_data.
+    binary_default = request.binary_outputs and params.get("binary_data_output", False)
+    allowed = ("binary_data", "datatype") if request.binary_outputs else ("datatype",)
+    outputs = requested_outputs(request.outputs, model, binary_default, allowed)
+    asked = output_datatypes(request.outputs, model, datatype)
+    if request.json is not None:  # last: then its tensors are known to be numbers, and the scan one cheap pass
+        check_unique_keys(request.json.body, request.json.end)
+    req = InferRequest(request.id, None, datatype, outputs, parameters.ignored(params, model), asked)
+    return dataclasses.replace(req, input=model.from_tensors(tensors, params, FIELDS, req.dtype))
 
 
-def _number(value: Any, kind: type[int] | type[float] | None) -> Any:
-    """A string that spells a number, read as one where the model's parameter is a number ("eps": "0.001"):
-    KServe's and MLServer's gRPC messages cannot send a double. Anything else stays as sent, for the model's
-    own check to name (parameters.eps: expected a finite number > 0, got 'abc')."""
-    if kind is None or not isinstance(value, str):
-        return value
-    if kind is int:
-        return int(value) if INTEGER.fullmatch(value) else value
-    number = float(value) if NUMBER.fullmatch(value) else math.nan
-    return number if math.isfinite(number) else value  # "1e999" stays a string, named as sent
+def _same_model(request: V2Request, model: Model) -> None:
+    """A body's model_name / model_version must name the model the URL chose (an empty version: any)."""
+    name, version = request.model_name, request.model_version
+    if name is not None and name != model.name:
+        raise InvalidInput(f"{shown(name)} is not the model of the URL, {model.name!r}", "model_name")
+    if version not in (None, "") and str(version) != model.version:
+        raise InvalidInput(
+            f"{shown(version)} is not the version that serves this request, {model.version}", "model_version"
+        )
 
 
-def ignored(params: Mapping[str, Any], model: Model) -> tuple[str, ...]:
-    """The request parameters that changed nothing: answered back, so that a client can see they were unused;
-    the first MAX_ECHOED names in order, each cut, then how many more there were."""
-    names = sorted(n for n in params if n not in model.parameters and n not in PROTOCOL_PARAMETERS)
-    echoed = [n if len(n) <= MAX_CHECKED_NAME else n[: MAX_CHECKED_NAME - 1] + "…" for n in names[:MAX_ECHOED]]
-    more = [f"+{len(names) - MAX_ECHOED} more"] if len(names) > MAX_ECHOED else []
-    return (*echoed, *more)
-
-
-def _not_misspelt(name: str, model: Model) -> None:
-    if len(name) > MAX_CHECKED_NAME:
-        return
-    squashed = name.lower().replace("-", "_")
-    ratios = {known: difflib.SequenceMatcher(None, squashed, known).ratio() for known in model.parameters}
-    for known in sorted(ratios, key=ratios.__getitem__, reverse=True):  # the closest name is the one suggested
-        close = ratios[known] >= MISSPELT_RATIO
-        if squashed == known or close or (len(squashed) > 2 and known.startswith(squashed)):
-            raise InvalidInput(
-                f"unknown parameter for model {model.name!r}; did you mean {known!r}? "
-                f"(it reads {', '.join(model.parameters)}; other names are ignored)",
-                f"parameters.{name}",
-            )
+def _inputs(request: V2Request, model: Model, settings: Settings) -> tuple[dict[str, np.ndarray], str]:
+    """The checked tensors by name, and the datatype of `input` (a text encoder's inputs are tokens or text, and
+    its outputs float32)."""
+    inputs, raw, binary = request.inputs, request.raw, request.binary
+    if not inputs:
+        raise InvalidInput("expected a non-empty list of input tensors", "inputs")
+    if raw and len(raw) != len(inputs):
+        raise InvalidInput(
+            f"{len(raw)} for {len(inputs)} inputs; expected one per input, in order, or none", elements.RAW
+        )
+    bools = request.json is None or request.json.may_hold_bools
+    tensors: dict[str, np.ndarray] = {}
+    datatypes: dict[str, str] = {}
+    offset = 0
+    for i, entry in enumerate(inputs):
+        spec = input_spec(entry.name, i, model, tensors)
+        header = tensor_header(spec, entry.datatype, entry.shape, settings)
+        # gRPC: KServe's client names each raw input's size: accepted, as the raw bytes' own length is what counts.
+        params = tensor_parameters(entry.parameters, spec, ("binary_data_size",))
+        # Where the elements are is the transport's: gRPC's raw_input_contents or typed contents (raw[i] copies
+        # the bytes out of the message once; the array is a view of that copy), HTTP's JSON or binary part.
+        if binary is None:
+            tensors[spec.name] = elements.of_message(entry.data, raw[i] if raw else None, spec, header)
+        else:
+            rest = binary[offset:]
+            tensors[spec.name], size = elements.of_body(entry.data, params, rest, spec, header, settings, bools)
+            offset += size
+        datatypes[spec.name] = header[0]
+    if binary is not None and offset != len(binary):
+        raise MalformedBody(
+            f"the inputs' binary_data_size add up to {offset} bytes, but {len(binary)} follow the JSON header",
+            "binary_data_size",
+        )
+    model.check_tensors(tensors, FIELDS)
+    return tensors, datatypes.get("input", "FP32")
 
 
 def input_spec(name: Any, index: int, model: Model, given: Container[str]) -> TensorSpec:
@@ -172,12 +170,6 @@ def check_datatype(datatype: Any, spec: TensorSpec, field: str) -> None:
         raise InvalidInput(f"datatype {shown(datatype)} is not supported; expected {expected}", field)
 
 
-def from_numbers(arr: np.ndarray, datatype: str, field: str) -> np.ndarray:
-    """Numbers sent inline (JSON data, gRPC fp32_contents) for a half-precision tensor, rounded to it as Triton
-    reads FP16 JSON; a number beyond its range is refused naming the field, not sent on as inf."""
-    return narrow(arr, datatype, field) if datatype in HALF_DTYPES else arr
-
-
 def tensor_parameters(params: Any, spec: TensorSpec, allowed: tuple[str, ...]) -> dict[str, Any]:
     """An input's own parameters: only the allowed names (HTTP: binary_data_size; gRPC: none)."""
     params = {} if params is None else params  # not `or`: [], 0, "" and false are not objects
@@ -193,29 +185,6 @@ def tensor_parameters(params: Any, spec: TensorSpec, allowed: tuple[str, ...]) -
     return params
 
 
-def from_raw(
-    raw: memoryview | bytes,
-    spec: TensorSpec,
-    datatype: str,
-    shape: list[int],
-    field: str,
-    size_name: str = "binary_data_size",
-) -> np.ndarray:
-    """Raw little-endian bytes -> the input: its byte count must match the shape.
-
-    BOOL: any nonzero byte is true, as C and NumPy read a byte (perf_analyzer's random data sends any byte).
-    A number tensor is a view of the raw bytes, no copy (peak RSS): the data plane's input checks and casts it."""
-    if datatype == "BYTES":
-        items = strings.from_raw(raw, field, f"inputs.{spec.name}")
-        check_count(len(items), shape, f"{field}.{size_name}")
-        return np.array(items, dtype=object).reshape(shape)
-    arr = decode_binary(raw, datatype, shape, field, size_name)
-    if datatype == "BOOL":
-        truth: np.ndarray = arr.view(np.uint8) != 0  # a new array: the request's memory is not the data plane's
-        return truth
-    return arr
-
-
 def check_shared_memory(params: Any, field: str, why: str) -> None:
     """A tensor naming a shared-memory region is refused as the registration calls are, naming its parameter:
     not as parameters unknown to the model, which would hide that the extension itself is missing."""
@@ -223,12 +192,6 @@ def check_shared_memory(params: Any, field: str, why: str) -> None:
         for name in SHARED_MEMORY_PARAMETERS:
             if name in params:
                 raise ExtensionNotSupported(SHARED_MEMORY_EXTENSIONS, f"{field}.parameters.{name}", why)
-
-
-def check_count(count: int, shape: list[int], field: str) -> None:
-    """Elements sent inline (JSON `data`, gRPC typed contents) must fill the shape: only the count must match."""
-    if count != math.prod(shape):
-        raise InvalidInput(f"{count} elements, but shape {shape} needs {math.prod(shape)}", field)
 
 
 def requested_outputs(

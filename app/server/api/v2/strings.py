@@ -1,6 +1,6 @@
 """BYTES tensors sent raw, as Triton lays them out: each element a 4-byte little-endian length, then its bytes.
 
-The HTTP codec's binary sections and gRPC's raw_input_contents carry them alike (app/server/api/v2/rules.py's
+The HTTP codec's binary sections and gRPC's raw_input_contents carry them alike (app/server/api/v2/elements.py's
 from_raw hands them here); gRPC's typed bytes_contents come as elements already and only need utf8.
 """
 

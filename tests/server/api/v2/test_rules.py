@@ -12,66 +12,12 @@ from app.core.halfprecision import HALF_DTYPES
 from app.core.runtime import Runtime
 from app.errors import InvalidInput, MalformedBody
 from app.server.api.v2 import rules
+from app.server.api.v2.request import Contents, Inline, JsonHeader, V2Input, V2Output, V2Request
 from app.settings import Settings
+from tests.server.api.v2.refusals import refused as _refused
 
 SETTINGS = Settings(max_depth=4, max_elements=1000)
 READS = "(it reads eps, eps_mode, normalized_ndim; other names are ignored)"
-
-
-def _refused(fn: Any, *args: Any) -> str:
-    with pytest.raises(InvalidInput) as e:
-        fn(*args)
-    return e.value.message
-
-
-@pytest.mark.parametrize(
-    ("params", "message"),
-    [
-        ([1], "parameters: expected an object, got [1]"),
-        ({"binary_data_output": 1}, "parameters.binary_data_output: expected true or false, got 1"),
-        *(
-            (
-                {"alpha": 1, name: 1},
-                f"parameters.{name}: unknown parameter for model 'layernorm'; did you mean {known!r}? {READS}",
-            )
-            for name, known in [
-                ("epsilon", "eps"),  # difflib's ratio 0.6
-                ("Eps", "eps"),  # the same name in another case
-                ("EPS", "eps"),
-                ("eps2", "eps"),
-                ("mode", "eps_mode"),
-                ("eps_mod", "eps_mode"),  # 0.93 to eps_mode, 0.6 to eps: the closer one is meant
-                ("normalized-ndim", "normalized_ndim"),  # '-' for '_'
-                ("norm", "normalized_ndim"),  # a prefix of it
-            ]
-        ),
-    ],
-    ids=lambda v: str(v) if isinstance(v, (list, dict)) else None,
-)
-def test_parameters_close_to_the_models_own_are_refused(runtime: Runtime, params: Any, message: str) -> None:
-    assert _refused(rules.parameters, params, runtime.get("layernorm")) == message
-
-
-@pytest.mark.parametrize(
-    ("model", "params", "ignored"),
-    [
-        ("layernorm", {"eps": 1e-3, "priority": 2, "binary_data_output": True}, ()),
-        ("layernorm", {"alpha": 1, "eps": 1e-3, "content_type": "np", "e": 2}, ("alpha", "content_type", "e")),
-        ("layernorm", {"trace_id": "t1", "ndim": 2, "beta": [1]}, ("beta", "ndim", "trace_id")),
-        ("encoder", {"eps": 1, "eps_mode": "std", "timeout": 5}, ("eps", "eps_mode")),  # an encoder reads none
-    ],
-    ids=["known", "far-from-eps", "far-from-all", "encoder"],
-)
-def test_other_parameters_pass_through_and_are_listed_as_ignored(
-    runtime: Runtime, model: str, params: dict[str, Any], ignored: tuple[str, ...]
-) -> None:
-    assert rules.parameters(params, runtime.get(model)) == params
-    assert rules.ignored(params, runtime.get(model)) == ignored
-
-
-def test_no_parameters_are_none_ignored(runtime: Runtime) -> None:
-    assert rules.parameters(None, runtime.get("layernorm")) == {}
-    assert rules.ignored({}, runtime.get("layernorm")) == ()
 
 
 @pytest.mark.parametrize(
@@ -147,63 +93,6 @@ def test_an_inputs_parameters_are_the_transports_and_content_type_only(
 )
 def test_an_inputs_allowed_parameters_are_returned_as_given(runtime: Runtime, params: Any, allowed: Any) -> None:
     assert rules.tensor_parameters(params, runtime.get("layernorm").inputs[0], allowed) == (params or {})
-
-
-def test_raw_bytes_must_fill_the_shape(runtime: Runtime) -> None:
-    spec = runtime.get("layernorm").inputs[0]
-    with pytest.raises(MalformedBody) as e:
-        rules.from_raw(b"\0" * 8, spec, "FP32", [3], "inputs.input", "raw_input_contents")
-    assert e.value.message == "inputs.input: raw_input_contents is 8 bytes, but shape [3] of FP32 needs 12"
-    raw = np.arange(3, dtype=np.float32).tobytes()
-    assert rules.from_raw(raw, spec, "FP32", [3], "f").tolist() == [0, 1, 2]
-
-
-@pytest.mark.parametrize(
-    ("raw", "expected"),
-    [
-        (b"\0\1\0\1", [[False, True], [False, True]]),
-        (b"\0\2\xff\x80", [[False, True], [True, True]]),  # perf_analyzer's random bytes: nonzero is true, as in C
-    ],
-    ids=["zero-one", "any-nonzero"],
-)
-def test_raw_bool_bytes_are_true_when_nonzero(runtime: Runtime, raw: bytes, expected: list[list[bool]]) -> None:
-    mask = runtime.get("encoder").inputs[1]
-    flags = rules.from_raw(bytearray(raw), mask, "BOOL", [2, 2], "f")
-    assert flags.dtype == np.bool_ and flags.tolist() == expected
-    assert flags.view(np.uint8).max() <= 1  # each element is a real NumPy bool, whatever byte was sent
-    assert flags.flags.writeable  # a copy, not the request's memory
-
-
-@pytest.mark.parametrize(
-    ("params", "expected"),
-    [
-        ({"eps": "0.001"}, {"eps": 0.001}),
-        ({"eps": "1E-5", "normalized_ndim": "2"}, {"eps": 1e-5, "normalized_ndim": 2}),
-        ({"eps": "+.5", "normalized_ndim": "-1"}, {"eps": 0.5, "normalized_ndim": -1}),  # -1: refused by the model
-        ({"eps": "abc", "normalized_ndim": "2.0"}, {"eps": "abc", "normalized_ndim": "2.0"}),  # named by the model
-        ({"eps": "nan"}, {"eps": "nan"}),
-        ({"eps": "1e999"}, {"eps": "1e999"}),  # not finite: stays as sent
-        ({"eps": " 0.1"}, {"eps": " 0.1"}),
-        ({"eps": "\u0661e-3", "normalized_ndim": "\u0661"}, {"eps": "\u0661e-3", "normalized_ndim": "\u0661"}),
-        ({"eps": "\uff11e-3", "normalized_ndim": "\uff12"}, {"eps": "\uff11e-3", "normalized_ndim": "\uff12"}),
-        ({"eps_mode": "1"}, {"eps_mode": "1"}),  # a string parameter stays a string
-        ({"sequence_id": "7"}, {"sequence_id": "7"}),  # the protocol's own: unread, unchanged
-        ({"eps": 0.25, "normalized_ndim": 1}, {"eps": 0.25, "normalized_ndim": 1}),
-    ],
-)
-def test_strings_that_spell_numbers_are_read_as_numbers_where_the_parameter_is_one(
-    runtime: Runtime, params: dict[str, Any], expected: dict[str, Any]
-) -> None:
-    got = rules.parameters(params, runtime.get("layernorm"))
-    assert got == expected and [type(v) for v in got.values()] == [type(v) for v in expected.values()]
-
-
-def test_inline_elements_must_fill_the_shape() -> None:
-    assert (
-        _refused(rules.check_count, 5, [2, 3], "inputs.input.data")
-        == "inputs.input.data: 5 elements, but shape [2, 3] needs 6"
-    )
-    rules.check_count(6, [2, 3], "inputs.input.data")
 
 
 @pytest.mark.parametrize(
@@ -287,24 +176,6 @@ def test_a_datatype_the_spec_does_not_take_is_refused_listing_what_it_takes(
 
 
 @pytest.mark.parametrize(
-    ("datatype", "numbers", "expected"),
-    [
-        ("FP16", [0.1, 1000.3, 3], [0.0999755859375, 1000.5, 3.0]),  # the nearest FP16 values
-        ("BF16", [0.1, 1000.3, 3], [0.10009765625, 1000.0, 3.0]),
-        ("FP32", [0.1, 1000.3, 3], [0.1, 1000.3, 3.0]),  # as sent: the data plane casts it
-    ],
-)
-def test_inline_numbers_are_rounded_to_a_half_type(datatype: str, numbers: list[float], expected: list[float]) -> None:
-    arr = rules.from_numbers(np.array(numbers), datatype, "inputs.input")
-    assert arr.astype(np.float64).tolist() == expected
-
-
-def test_inline_numbers_beyond_the_half_range_are_refused_naming_the_tensor() -> None:
-    message = _refused(rules.from_numbers, np.array([[1.0, -65520.0]]), "FP16", "inputs.gamma")
-    assert message == "inputs.gamma: element [0, 1] = -65520 is outside float16's finite range (|x| <= 65504)"
-
-
-@pytest.mark.parametrize(
     ("entries", "datatype", "expected"),
     [
         ([], "FP32", {}),
@@ -355,3 +226,136 @@ def test_an_output_beyond_its_half_range_is_refused_naming_it() -> None:
     assert _refused(list, rules.output_tensors(_Float64Result(), req, None)) == (  # type: ignore[arg-type]
         "outputs.output: element [1] = 1e+300 is outside float16's finite range (|x| <= 65504)"
     )
+
+
+# ---- decode: one V2Request, every rule in one pass (issue 34) -------------------------------------------------------
+
+X = np.array([[1.0, 2.0, 4.0], [0.5, 0.25, 8.0]], np.float32)
+X_DATA = X.ravel().tolist()
+
+
+def _in(name: Any = "input", data: Any = X_DATA, datatype: str = "FP32", shape: Any = (2, 3), **fields: Any) -> V2Input:
+    """An input with its elements inline (HTTP's JSON `data`), or none (None: raw bytes or a binary section)."""
+    return V2Input(name, datatype, list(shape), fields.get("parameters"), None if data is None else Inline(data))
+
+
+def _raw(name: str = "input", **fields: Any) -> V2Input:
+    return _in(name, None, **fields)
+
+
+def http(*inputs: V2Input, binary: bytes = b"", **fields: Any) -> V2Request:
+    """As the HTTP codec reads a body: the binary part after its JSON header, outputs that may go binary."""
+    return V2Request(fields.pop("id", None), fields.pop("parameters", None), inputs, binary=memoryview(binary),
+                     binary_outputs=True, **fields)  # fmt: skip
+
+
+def grpc(*inputs: V2Input, raw: tuple[bytes, ...] = (), **fields: Any) -> V2Request:
+    """As the gRPC codec reads a ModelInferRequest: raw_input_contents beside the inputs, every output raw."""
+    return V2Request(fields.pop("id", None), fields.pop("parameters", {}), inputs, raw=raw, **fields)
+
+
+def _fp32s(*values: float) -> Contents:
+    return Contents({"fp32_contents": list(values)})
+
+
+@pytest.mark.parametrize(
+    ("model", "request_", "message"),
+    [
+        ("layernorm", http(_in(), model_name="encoder"), "model_name: 'encoder' is not the model of the URL, 'layernorm'"),
+        ("layernorm", http(_in(), model_version="2"), "model_version: '2' is not the version that serves this request, 1"),
+        ("layernorm", http(_in(), parameters=[1]), "parameters: expected an object, got [1]"),
+        ("layernorm", http(), "inputs: expected a non-empty list of input tensors"),
+        ("layernorm", http(_in(None)), "inputs[0]: expected an object with a string `name`"),
+        ("layernorm", http(_in("x")), "inputs.x: unknown input for model 'layernorm'; expected input, gamma, beta"),
+        ("layernorm", http(_in(), _in()), "inputs.input: given twice"),
+        ("layernorm", http(_in(datatype="INT8")), "inputs.input: datatype 'INT8' is not supported; expected FP32, FP64, FP16 or BF16"),
+        ("layernorm", http(V2Input("input", "FP32", "2x3", None, Inline(X_DATA))), "inputs.input.shape: expected a list of integers, got '2x3'"),
+        ("layernorm", http(_in(parameters={"shm": 1})), "inputs.input: parameters {'shm': 1} are not supported; only binary_data_size or content_type is"),
+        ("layernorm", http(_in(data=None)), "inputs.input: expected `data`, or parameters.binary_data_size with binary data"),
+        ("layernorm", http(_in(data=[1, 2])), "inputs.input.data: 2 elements, but shape [2, 3] needs 6"),
+        ("layernorm", http(_in(data=[1, 2, 3, 4, 5, True])), "inputs.input.data: booleans are not numbers; expected an array of numbers"),
+        ("layernorm", http(_in(parameters={"binary_data_size": 24})), "inputs.input: has both `data` and parameters.binary_data_size; send one"),
+        ("layernorm", http(_in(data=None, parameters={"binary_data_size": -1})), "inputs.input.parameters.binary_data_size: expected a byte count, got -1"),
+        ("layernorm", http(_in(data=None, parameters={"binary_data_size": 24}), binary=X.tobytes()[:20]), "inputs.input.parameters.binary_data_size: 24 bytes declared, but only 20 follow (is Inference-Header-Content-Length set?)"),
+        ("layernorm", http(_in(data=None, parameters={"binary_data_size": 20}), binary=X.tobytes()[:20]), "inputs.input.parameters.binary_data_size: binary_data_size is 20 bytes, but shape [2, 3] of FP32 needs 24"),
+        ("layernorm", http(_in(), binary=b"\0" * 4), "binary_data_size: the inputs' binary_data_size add up to 0 bytes, but 4 follow the JSON header"),
+        ("layernorm", http(_in("gamma", shape=[3], data=[1, 1, 1])), "inputs.input: required input missing for model 'layernorm'"),
+        ("layernorm", http(_in(), outputs=None), "outputs: expected a list of {name, parameters}"),
+        ("layernorm", http(_in(), outputs=[V2Output("out")]), "outputs[0]: unknown output 'out'; expected one of output, mean, inv_std_dev"),
+        ("layernorm", http(_in(), outputs=[V2Output("mean", {"binary_data": "yes"})]), "outputs.mean.parameters.binary_data: expected true or false, got 'yes'"),
+        ("layernorm", http(_in(), outputs=[V2Output("mean", {"datatype": "FP8"})]), "outputs.mean.parameters.datatype: datatype 'FP8' is not supported; expected FP32, FP64, FP16 or BF16"),
+        ("layernorm", http(_in(), parameters={"eps": -1}), "parameters.eps: expected a finite number > 0, got -1"),
+        ("encoder", http(_in(shape=[1, 2, 3])), "inputs.input: last dimension is 3, expected d_model = 128 (model 'encoder', version 1)"),
+        ("layernorm", grpc(_raw(), raw=(X.tobytes(), X.tobytes())), "raw_input_contents: 2 for 1 inputs; expected one per input, in order, or none"),
+        ("layernorm", grpc(_raw()), "inputs.input: expected contents.fp32_contents, or raw_input_contents"),
+        ("layernorm", grpc(_raw(), raw=(X.tobytes()[:8],)), "inputs.input: raw_input_contents is 8 bytes, but shape [2, 3] of FP32 needs 24"),
+        ("layernorm", grpc(V2Input("input", "FP32", [2, 3], None, _fp32s(1)), raw=(X.tobytes(),)), "inputs.input: has both contents and raw_input_contents; send one"),
+        ("layernorm", grpc(V2Input("input", "FP64", [2, 3], None, _fp32s(1))), "inputs.input.contents: fp32_contents cannot hold FP64; expected fp64_contents"),
+        ("layernorm", grpc(V2Input("input", "FP32", [2, 3], None, _fp32s(1))), "inputs.input.contents.fp32_contents: 1 elements, but shape [2, 3] needs 6"),
+        ("layernorm", grpc(_raw(), raw=(X.tobytes(),), outputs=[V2Output("mean", {"binary_data": True})]), "outputs.mean: parameters {'binary_data': True} are not supported; only datatype is"),
+    ],
+)  # fmt: skip
+def test_decode_names_the_first_broken_rule_whole(
+    runtime: Runtime, model: str, request_: V2Request, message: str
+) -> None:
+    with pytest.raises((InvalidInput, MalformedBody)) as e:
+        rules.decode(request_, runtime.get(model), SETTINGS)
+    assert e.value.message == message
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        # each rule in the order of the request: the body's model, parameters, inputs, outputs, then repeated keys
+        (http(_in("x"), parameters=[1], model_name="encoder"), "model_name: 'encoder' is not the model of the URL, 'layernorm'"),
+        (http(_in("x"), parameters=[1]), "parameters: expected an object, got [1]"),
+        (http(_in("x"), _in(datatype="INT8"), outputs=None), "inputs.x: unknown input for model 'layernorm'; expected input, gamma, beta"),
+        (http(_in(), outputs=None, json=JsonHeader(b'{"a": 1, "a": 2}', 16, False)), "outputs: expected a list of {name, parameters}"),
+        (http(_in(), json=JsonHeader(b'{"a": 1, "a": 2}', 16, False)), "a: given more than once in one object; send each field once"),
+        (http(_in(), parameters={"eps": -1}, json=JsonHeader(b'{"a": 1, "a": 2}', 16, False)), "a: given more than once in one object; send each field once"),
+        (http(_in(data=None, parameters={"binary_data_size": 99}), _in("gamma", datatype="INT8"), binary=b"\0"), "inputs.input.parameters.binary_data_size: 99 bytes declared, but only 1 follow (is Inference-Header-Content-Length set?)"),
+        (grpc(_raw("x"), raw=(b"", b""), parameters=[1]), "parameters: expected an object, got [1]"),
+        (grpc(_raw("x"), raw=(b"", b"")), "raw_input_contents: 2 for 1 inputs; expected one per input, in order, or none"),
+    ],
+)  # fmt: skip
+def test_decode_names_the_mistakes_in_the_order_of_the_request(
+    runtime: Runtime, request_: V2Request, message: str
+) -> None:
+    with pytest.raises((InvalidInput, MalformedBody)) as e:
+        rules.decode(request_, runtime.get("layernorm"), SETTINGS)
+    assert e.value.message == message
+
+
+G = np.array([2.0, 1.0, 0.5], np.float32)
+PARAMS = {"eps": "0.001", "eps_mode": "std", "binary_data_output": True, "trace_id": "t"}
+
+
+@pytest.mark.parametrize(
+    ("request_", "binary"),
+    [
+        (http(_in(), _in("gamma", G.tolist(), shape=[3]), id="r", parameters=PARAMS), True),
+        (http(_in(data=None, parameters={"binary_data_size": 24}), _in("gamma", None, shape=[3], parameters={"binary_data_size": 12}),
+              binary=X.tobytes() + G.tobytes(), id="r", parameters=PARAMS), True),
+        (grpc(_raw(), _raw("gamma", shape=[3]), raw=(X.tobytes(), G.tobytes()), id="r", parameters=PARAMS), False),
+        (grpc(V2Input("input", "FP32", [2, 3], None, _fp32s(*X.ravel())), V2Input("gamma", "FP32", [3], None, _fp32s(*G)),
+              id="r", parameters=PARAMS), False),
+    ],
+    ids=["http-json", "http-binary", "grpc-raw", "grpc-typed"],
+)  # fmt: skip
+def test_decode_reads_one_request_alike_from_every_transport(
+    runtime: Runtime, request_: V2Request, binary: bool
+) -> None:
+    """binary_data_output sends every output binary over HTTP; gRPC sends every output raw whatever it says."""
+    req = rules.decode(request_, runtime.get("layernorm"), SETTINGS)
+    assert (req.id, req.datatype, req.ignored, req.output_datatypes) == ("r", "FP32", ("trace_id",), {})
+    assert req.outputs == [("output", binary), ("mean", binary), ("inv_std_dev", binary)]
+    assert (req.input.eps, req.input.eps_mode, req.input.k) == (0.001, "std", 1)
+    np.testing.assert_array_equal(req.input.x, X)
+    np.testing.assert_array_equal(req.input.gamma, G)
+
+
+def test_decode_keeps_a_binary_input_a_view_of_the_body(runtime: Runtime) -> None:
+    body = bytearray(X.tobytes())
+    request_ = http(_in(data=None, parameters={"binary_data_size": 24}), binary=b"")
+    req = rules.decode(request_._replace(binary=memoryview(body)), runtime.get("layernorm"), SETTINGS)
+    assert np.shares_memory(req.input.x, np.frombuffer(body, np.uint8))  # no copy of a large tensor
