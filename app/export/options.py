@@ -143,6 +143,13 @@ def _text_encoder_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--check-texts", type=Path, metavar="FILE", help="texts of yours, one a line, for parity")
     parser.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help="texts like the traffic to come, UTF-8, one a line: the drift monitor's baseline (each LayerNorm's "
+        "per-token input mean and std) is measured on them (default: the parity texts, of several languages)",
+    )
+    parser.add_argument(
         "--quantize",
         choices=("int8",),
         help="onnxruntime's dynamic INT8 quantization of the checked graph, refused unless every check text keeps "
