@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from benchmarks.servers import HOST, Server, free_port, server_process
+from tests import drifttexts
 from tests.live_server import ROOT, cli_server, server_env
 from tests.polling import wait_until
 from tests.server.prometheus import Samples, parse
@@ -428,9 +429,9 @@ def _send(base: str, scale: float, n: int, seed: int = 0) -> None:
             assert r.status_code == 200, r.text
 
 
-def _drift(api: str) -> dict[str, tuple[float, float]]:
-    """(PSI, samples) per layer of the encoder, as Prometheus has them."""
-    labels = '{job="normserve", model="encoder", version="1"}'
+def _drift(api: str, model: str = "encoder") -> dict[str, tuple[float, float]]:
+    """(PSI, samples) per layer of the model's version 1, as Prometheus has them."""
+    labels = f'{{job="normserve", model="{model}", version="1"}}'
     psi = by(api, f"normserve_layernorm_drift{labels}", "layer")
     samples = by(api, f"normserve_layernorm_drift_samples{labels}", "layer")
     return {layer: (psi[(layer,)], samples[(layer,)]) for (layer,) in samples}
@@ -483,3 +484,68 @@ def test_pending_requests_and_queue_time_move_under_a_burst_and_return_to_zero(d
     wait_until(lambda: by(api, 'normserve_pending_requests{job="normserve", model="encoder"}') == {(): 0.0}, "idle")
     slow = 'normserve_queue_seconds_bucket{job="normserve", model="encoder", le="0.0005"}'
     assert by(api, count)[()] - before > 0 and by(api, slow).get((), 0.0) < by(api, count)[()]
+
+
+# ---- the same for a text encoder: a real model fed another language ---------------------------------------------
+
+TEXT_WINDOW_S = 30  # the English traffic (5 requests) must stay in the window while Prometheus reads it
+TEXTS_PER_REQUEST = 8
+
+
+@pytest.fixture(scope="module")
+def text_drift_stack(tmp_path_factory: pytest.TempPathFactory, minilm_export: Any) -> Iterator[DriftStack]:
+    """all-MiniLM-L6-v2 exported with an English calibration file (tests/conftest.py), served by one worker with a
+    TEXT_WINDOW_S window, scraped each second by Prometheus with the test copy of the rules."""
+    tmp = tmp_path_factory.mktemp("text-drift")
+    repository = Path(minilm_export.folder).parent.parent
+    env = server_env(
+        {"NORMSERVE_MODEL_DIR": str(repository), "NORMSERVE_MONITOR_WINDOW_S": str(TEXT_WINDOW_S), "TMPDIR": str(tmp)}
+    )
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    with cli_server([str(Path(sys.executable).parent / "normserve"), "serve"], env, timeout=300) as replica:
+        config_path = scrape_config(f"{HOST}:{replica.port}", tmp)
+        config = yaml.safe_load(config_path.read_text())
+        config["rule_files"] = [str(drift_rules(tmp))]
+        config_path.write_text(yaml.safe_dump(config))
+        with prometheus(config_path, tmp) as prom:
+            wait_until(lambda: by(prom.base, 'normserve_ready{job="normserve"}') == {(): 1.0}, "Prometheus sees it")
+            yield DriftStack(replica.base, prom.base)
+
+
+def _embed(base: str, texts: list[str]) -> int:
+    """The texts through POST /v1/embeddings, TEXTS_PER_REQUEST a request (statistics not asked for); the tokens
+    the model ran (usage), which are the positions the monitor counts."""
+    tokens = 0
+    with httpx.Client(base_url=base, timeout=120) as c:
+        for i in range(0, len(texts), TEXTS_PER_REQUEST):
+            r = c.post("/v1/embeddings", json={"model": "minilm", "input": texts[i : i + TEXTS_PER_REQUEST]})
+            assert r.status_code == 200, r.text
+            assert "layer_norms" not in r.json()["data"][0]  # the monitor's statistics stay out of the answer
+            tokens += r.json()["usage"]["prompt_tokens"]
+    return tokens
+
+
+@pytest.mark.slow  # the session's all-MiniLM-L6-v2 export: 23 s idle, minutes beside other jobs
+def test_a_text_encoder_is_stable_on_english_and_drifts_on_other_languages(text_drift_stack: DriftStack) -> None:
+    api = text_drift_stack.api
+    tokens = _embed(text_drift_stack.base, drifttexts.IN_DISTRIBUTION)  # other English sentences than calibrated
+    assert tokens >= 500  # past the rules' sample floor: a stable reading is evidence, not an empty window
+    counted = lambda: all(s == tokens for _, s in _drift(api, "minilm").values())  # noqa: E731
+    wait_until(counted, "Prometheus scrapes every real token", timeout=20)
+    stable = _drift(api, "minilm")
+    print(f"English PSI per layer ({tokens} tokens): { {k: round(v[0], 4) for k, v in stable.items()} }")
+    assert len(stable) == 13 and all(psi < 0.1 for psi, _ in stable.values()), stable
+    time.sleep(3)  # past the test rules' `for:`
+    assert [a for a in _alerts(api, "pending") + _alerts(api, "firing") if a["model"] == "minilm"] == []
+
+    deadline = time.monotonic() + TEXT_WINDOW_S
+    fired: list[dict[str, str]] = []
+    while not fired and time.monotonic() < deadline:
+        _embed(text_drift_stack.base, drifttexts.OTHER_LANGUAGES)  # Chinese, Japanese, Russian
+        time.sleep(1)
+        fired = [a for a in _alerts(api, "firing") if a["severity"] == "critical" and a["model"] == "minilm"]
+    shifted = _drift(api, "minilm")
+    print(f"other languages PSI per layer: { {k: round(v[0], 4) for k, v in shifted.items()} }")
+    # The embeddings' LayerNorm sees the tokens themselves: the runbook's first sign that the inputs changed.
+    assert shifted["embeddings.LayerNorm"][0] > 0.25, shifted
+    assert ("minilm", "1", "embeddings.LayerNorm") in {(a["model"], a["version"], a["layer"]) for a in fired}
