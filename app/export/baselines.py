@@ -4,8 +4,8 @@ Measured on the parity inputs, or on `--calibration FILE.npy` (inputs like the t
 with the float64 NumPy reference rather than the exported graph: the figures are then the same on every CPU,
 and the manifest's bytes with them. Padded positions are left out: they are not traffic. A text encoder's is
 measured on the parity texts or `--calibration FILE` (texts, one a line) with the graph as served (an INT8 one
-included): its manifest's parity figures already depend on the CPU, and the float64 reference would take
-minutes on a calibration file of thousands of texts where the graph takes seconds.
+included): the statistics the monitor compares are then the served graph's own, and its manifest's parity figures
+depend on the CPU already.
 
     "baseline": {"inputs": "<what was measured>", "layers": {"<LayerNorm>": {"count", "levels", "mean", "std"}}}
 """

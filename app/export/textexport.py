@@ -2,8 +2,9 @@
 
 The folder is refused by name before anything is loaded when normserve cannot serve it (textsource.py). Otherwise
 the version is staged whole (versions.py): model.onnx, weights.npz (what the NumPy reference reads), the tokenizer
-files, and the manifest with the parity figures; it lands only when the tokens equal the model's own tokenizer's
-and every parity holds.
+files, and the manifest with the parity figures and the drift monitor's baseline (measured on `--calibration`'s
+texts, else the parity texts); it lands only when the tokens equal the model's own tokenizer's and every parity
+holds.
 """
 
 from __future__ import annotations
@@ -47,15 +48,11 @@ def export_text_encoder(
     quantize: str | None = None,
     progress: Progress | None = None,
 ) -> Exported:
-    """The folder at hf as version `version` of name (default: the next); pooling, normalize and max_seq_length
-    override the folder's; quantize "int8" quantizes the checked graph (textquantize.py). calibration: texts like the
-    traffic to come, one a line, the drift monitor's baseline (default: the parity texts). Nothing lands unless
-    every check holds."""
+    """hf as version `version` of name (default: the next), the flags over its head; lands only if every check holds."""
     say = progress or (lambda _message: None)
     check_opset(opset)
     source, head, config = _read(Path(hf), pooling, normalize, max_seq_length)
-    batch = textparity.texts(head.max_seq_length, check_texts)
-    calibrating = None if calibration is None else _calibration_texts(Path(calibration))
+    batch, calibrating = _texts(head, check_texts, calibration)
     started = time.perf_counter()
     model, wrapper = _loaded(source, head, config, say)
     root = Path(repository)
@@ -70,8 +67,7 @@ def export_text_encoder(
         parity = _parity(name, source, head, batch, tokens, session, wrapper, weights, config, tolerance, say)
         manifest["parity"] = {**parity, "tokenizer": checked}
         if quantize is not None:  # after every FP32 parity: what is quantized is the checked graph
-            manifest["quantization"] = _quantized(folder, session, tokens, name, quantize, say)
-            session = ort.InferenceSession(str(folder / MODEL_FILE), providers=["CPUExecutionProvider"])
+            manifest["quantization"], session = _quantized(folder, session, tokens, name, quantize, say)
         manifest["baseline"] = _baseline(folder, session, wrapper.names, (config, head), tokens, calibrating)
         manifest["source"] = {"class": type(model).__name__, "sentence_transformers": source.sentence_transformers}
         say(f"exported and checked {name} in {time.perf_counter() - started:.1f} s")
@@ -96,10 +92,15 @@ def _loaded(
     return model, textgraph.TextEncoderGraph(model, head, config.has_token_types)
 
 
-def _calibration_texts(path: Path) -> tuple[str, list[str]]:
-    """--calibration's texts and how the manifest describes them; read before anything is written."""
-    texts = textparity.read_texts(path, "--calibration")
-    return f"--calibration {path.name} ({len(texts)} texts), at real tokens", texts
+def _texts(
+    head: textsource.Head, check_texts: Path | None, calibration: Path | None
+) -> tuple[list[str], tuple[str, list[str]] | None]:
+    """The parity texts, and --calibration's with how the manifest describes them: read before anything is written."""
+    batch = textparity.texts(head.max_seq_length, check_texts)
+    if calibration is None:
+        return batch, None
+    texts = textparity.read_texts(Path(calibration), "--calibration")
+    return batch, (f"--calibration {Path(calibration).name} ({len(texts)} texts), at real tokens", texts)
 
 
 def _baseline(
@@ -124,12 +125,13 @@ def _baseline(
 
 def _quantized(
     folder: Path, session: ort.InferenceSession, tokens: TextInput, name: str, quantize: str, say: Progress
-) -> dict[str, Any]:
-    """The checked FP32 graph replaced by its quantization (textquantize.py); its figures for the manifest."""
+) -> tuple[dict[str, Any], ort.InferenceSession]:
+    """The checked FP32 graph replaced by its quantization (textquantize.py): its figures for the manifest, and a
+    session of the graph as served."""
     fp32 = textparity.run(session, tokens)["sentence_embedding"]
     figures = textquantize.quantize(folder, tokens, fp32, name)
     say(f"quantized {name} to {quantize}: worst cosine {figures['worst_cosine_vs_fp32']:.5f}")
-    return figures
+    return figures, ort.InferenceSession(str(folder / MODEL_FILE), providers=["CPUExecutionProvider"])
 
 
 def _write_weights_and_tokenizer(folder: Path, model: Any, source: textsource.TextSource) -> dict[str, np.ndarray]:
