@@ -409,10 +409,16 @@ class DriftStack:
 @pytest.fixture(scope="module")
 def drift_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DriftStack]:
     """One worker with a DRIFT_WINDOW_S window, scraped each second by Prometheus with the test copy of the rules."""
-    tmp = tmp_path_factory.mktemp("drift")
-    env = server_env({"NORMSERVE_MONITOR_WINDOW_S": str(DRIFT_WINDOW_S), "TMPDIR": str(tmp)})
+    with _drift_stack(tmp_path_factory.mktemp("drift"), {"NORMSERVE_MONITOR_WINDOW_S": str(DRIFT_WINDOW_S)}) as stack:
+        yield stack
+
+
+@contextmanager
+def _drift_stack(tmp: Path, settings: dict[str, str], timeout: float = 90.0) -> Iterator[DriftStack]:
+    """`normserve serve` (one worker) with the settings, scraped each second by Prometheus with the rules' test copy."""
+    env = server_env(settings | {"TMPDIR": str(tmp)})
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    with cli_server([str(Path(sys.executable).parent / "normserve"), "serve"], env) as replica:
+    with cli_server([str(Path(sys.executable).parent / "normserve"), "serve"], env, timeout=timeout) as replica:
         config_path = scrape_config(f"{HOST}:{replica.port}", tmp)
         config = yaml.safe_load(config_path.read_text())
         config["rule_files"] = [str(drift_rules(tmp))]
@@ -496,20 +502,10 @@ TEXTS_PER_REQUEST = 8
 def text_drift_stack(tmp_path_factory: pytest.TempPathFactory, minilm_export: Any) -> Iterator[DriftStack]:
     """all-MiniLM-L6-v2 exported with an English calibration file (tests/conftest.py), served by one worker with a
     TEXT_WINDOW_S window, scraped each second by Prometheus with the test copy of the rules."""
-    tmp = tmp_path_factory.mktemp("text-drift")
-    repository = Path(minilm_export.folder).parent.parent
-    env = server_env(
-        {"NORMSERVE_MODEL_DIR": str(repository), "NORMSERVE_MONITOR_WINDOW_S": str(TEXT_WINDOW_S), "TMPDIR": str(tmp)}
-    )
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    with cli_server([str(Path(sys.executable).parent / "normserve"), "serve"], env, timeout=300) as replica:
-        config_path = scrape_config(f"{HOST}:{replica.port}", tmp)
-        config = yaml.safe_load(config_path.read_text())
-        config["rule_files"] = [str(drift_rules(tmp))]
-        config_path.write_text(yaml.safe_dump(config))
-        with prometheus(config_path, tmp) as prom:
-            wait_until(lambda: by(prom.base, 'normserve_ready{job="normserve"}') == {(): 1.0}, "Prometheus sees it")
-            yield DriftStack(replica.base, prom.base)
+    settings = {"NORMSERVE_MODEL_DIR": str(Path(minilm_export.folder).parent.parent)}
+    settings["NORMSERVE_MONITOR_WINDOW_S"] = str(TEXT_WINDOW_S)
+    with _drift_stack(tmp_path_factory.mktemp("text-drift"), settings, timeout=300) as stack:
+        yield stack
 
 
 def _embed(base: str, texts: list[str]) -> int:
