@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("pinned", "floor", "codecs", "http", "batching", "memory", "embeddings")
+SECTIONS = ("pinned", "floor", "codecs", "http", "batching", "monitor", "memory", "embeddings")
 DESCRIPTION = "Run every benchmark section in one process, then write docs/benchmarks.md and docs/benchmarks.png."
 
 

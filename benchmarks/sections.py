@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from benchmarks import embedreport
+from benchmarks import embedreport, monitorcost
 from benchmarks.inprocess import TORCH, shape_label
 from benchmarks.targets import half_pairs, tensor_mb
 
@@ -36,7 +36,7 @@ def sections(results: Results) -> list[str]:
     steps: list[Callable[[Results], list[str]]] = [_floor, _threads, _stats_cost, _encoder_torch, _codecs]
     if "codecs" in results:
         steps += [_json_floor, _binary_floor]
-    steps += [_http, _half, _batching, _merged_runs, _memory, embedreport.section, _fidelity]
+    steps += [_http, _half, _batching, _merged_runs, monitorcost.section, _memory, embedreport.section, _fidelity]
     return [part for step in steps for part in step(results)]
 
 

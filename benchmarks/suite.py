@@ -19,6 +19,7 @@ import orjson
 
 from benchmarks import embeddings, embedrows, floors, inprocess, options, profiles, report, servers, serving, stages
 from benchmarks.encoder_torch import encoder_vs_torch
+from benchmarks.monitorcost import MonitorPlan, monitor_section
 from benchmarks.options import SECTIONS
 from benchmarks.pinned import PinnedCase, PinnedPlan, pinned_section
 from benchmarks.serving import TRACED, TRIVIAL, HttpPlan, stderr_log
@@ -55,6 +56,7 @@ class Config:
     floor_shape: tuple[int, ...] = (8, 128, 768)  # the shape of the in-process sums the targets compare with
     pinned: PinnedPlan | None = None  # the headline (benchmarks/pinned.py); None leaves it out
     embeddings: embedrows.EmbeddingsPlan | None = None  # issue 39's section; None leaves it out
+    monitor: MonitorPlan | None = None  # issue 36's monitor cost; None leaves it out
     torch_encoder_shapes: list[tuple[int, ...]] = field(default_factory=lambda: list(TORCH_ENCODER_SHAPES))
     sections: tuple[str, ...] = SECTIONS
     note: str = ""
@@ -91,7 +93,7 @@ def quick(out_dir: Path, peers: list[str]) -> Config:
     cfg = Config(out_dir, "quick", FLOOR_SHAPES, HTTP_SHAPES, 0.15, plan, ENCODE_SHAPES, [1, 16], 1.5, 64 << 20)
     cfg.pinned = pinned_plan(peers, 1.5, 0.5)
     cfg.profile_requests = 30
-    cfg.embeddings = embeddings_plan(quick=True)
+    cfg.embeddings, cfg.monitor = embeddings_plan(quick=True), MonitorPlan(embedrows.default_model(), 1.5, 0.15)
     return cfg
 
 
@@ -99,7 +101,7 @@ def full(out_dir: Path, peers: list[str]) -> Config:
     plan = HttpPlan(HTTP_SHAPES, [1, 8], 20.0, _servers(peers), skip=_floor_cell)
     cfg = Config(out_dir, "full", FLOOR_SHAPES, FLOOR_SHAPES, 2.0, plan, ENCODE_SHAPES, [1, 16], 20.0, 64 << 20)
     cfg.pinned = pinned_plan(peers, 10.0, 1.0)
-    cfg.embeddings = embeddings_plan(quick=False)
+    cfg.embeddings, cfg.monitor = embeddings_plan(quick=False), MonitorPlan(embedrows.default_model())
     return cfg
 
 
@@ -183,6 +185,9 @@ def _over_http(cfg: Config, results: dict[str, Any]) -> None:
     elif "embeddings" in cfg.sections and cfg.embeddings is not None:
         stderr_log("embeddings: sentences/s per core, pinned")
         results["embeddings"] = embeddings.embeddings_section(cfg.embeddings, stderr_log)
+    if "monitor" in cfg.sections and cfg.monitor is not None:
+        stderr_log("the drift monitor's cost per request")
+        results["monitor"] = monitor_section(cfg.monitor, stderr_log)
     if "memory" in cfg.sections:
         stderr_log("section 5: peak RSS")
         results["memory"] = serving.memory_section(cfg.memory_bytes, stderr_log)
@@ -234,7 +239,8 @@ def _version(package: str) -> str:
 
 
 def _meta(cfg: Config, seconds: float) -> dict[str, Any]:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in _cpuinfo() if ln.startswith("model name")), platform.processor())
+    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
+    cpu = next((ln.split(":", 1)[1].strip() for ln in info if ln.startswith("model name")), platform.processor())
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     versions = {p: _version(p) for p in ("normserve", "onnxruntime", "numpy", "orjson", "fastapi", "uvicorn", "torch")}
     versions["python"] = platform.python_version()
@@ -258,13 +264,6 @@ def _meta(cfg: Config, seconds: float) -> dict[str, Any]:
         "versions": versions,
         **cfg.extra,
     }
-
-
-def _cpuinfo() -> list[str]:
-    try:
-        return Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []
 
 
 def main(argv: list[str] | None = None) -> int:

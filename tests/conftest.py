@@ -61,10 +61,14 @@ def minilm() -> Any:
 @pytest.fixture(scope="session")
 def minilm_export(tmp_path_factory: pytest.TempPathFactory, minilm: Any) -> Any:
     """all-MiniLM-L6-v2 exported once per session into a repository of its own (its models/minilm/1): the export
-    takes 23 s on an idle 2-core machine and several times that beside other jobs, so its tests share one."""
+    takes 23 s on an idle 2-core machine and several times that beside other jobs, so its tests share one. Its
+    drift baseline is English (tests/drifttexts.py's calibration file), the traffic the model was trained for."""
     from app.export.textexport import export_text_encoder
+    from tests.drifttexts import write_calibration
 
-    return export_text_encoder(tmp_path_factory.mktemp("minilm") / "models", "minilm", minilm.get_model_path())
+    base = tmp_path_factory.mktemp("minilm")
+    calibration = write_calibration(base / "english.txt")
+    return export_text_encoder(base / "models", "minilm", minilm.get_model_path(), calibration=calibration)
 
 
 TINY_MAX_LEN = 24  # tiny_bert's maximum length: tests' longest texts go past it

@@ -2,14 +2,17 @@
 
 Measured on the parity inputs, or on `--calibration FILE.npy` (inputs like the traffic the model will see),
 with the float64 NumPy reference rather than the exported graph: the figures are then the same on every CPU,
-and the manifest's bytes with them. Padded positions are left out: they are not traffic.
+and the manifest's bytes with them. Padded positions are left out: they are not traffic. A text encoder's is
+measured on the parity texts or `--calibration FILE` (texts, one a line) with the graph as served (an INT8 one
+included): the statistics the monitor compares are then the served graph's own, and its manifest's parity figures
+depend on the CPU already.
 
     "baseline": {"inputs": "<what was measured>", "layers": {"<LayerNorm>": {"count", "levels", "mean", "std"}}}
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,20 @@ def encoder_stats(
             means, stds = collected.setdefault(name, ([], []))
             means.append(mean[keep])
             stds.append(std[keep])
+    return {name: (np.concatenate(m), np.concatenate(s)) for name, (m, s) in collected.items()}
+
+
+def text_stats(
+    answers: Iterable[tuple[Mapping[str, np.ndarray], np.ndarray]], layer_norms: Sequence[str]
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A text encoder's per-token LayerNorm input mean and std, from (the graph's outputs, attention mask (B,T))
+    pairs: each LayerNorm's `NAME.mean` / `NAME.std` (B,T) at real tokens, in the order of layer_norms."""
+    collected: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {name: ([], []) for name in layer_norms}
+    for outputs, attention_mask in answers:
+        real = np.asarray(attention_mask).astype(bool)  # padding is not traffic
+        for name, (means, stds) in collected.items():
+            means.append(np.asarray(outputs[f"{name}.mean"], dtype=np.float64)[real])
+            stds.append(np.asarray(outputs[f"{name}.std"], dtype=np.float64)[real])
     return {name: (np.concatenate(m), np.concatenate(s)) for name, (m, s) in collected.items()}
 
 

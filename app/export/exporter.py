@@ -253,7 +253,8 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
             from app.export.textexport import export_text_encoder  # transformers, imported for this command alone
 
             head = {"max_seq_length": args.max_sequence_length, "pooling": args.pooling, "normalize": args.normalize}
-            text = {"check_texts": args.check_texts, "version": args.version, "quantize": args.quantize, **head}
+            text = {"check_texts": args.check_texts, "calibration": args.calibration, **head}
+            text |= {"version": args.version, "quantize": args.quantize}
             exported = [export_text_encoder(args.repository, args.name, args.hf, **text, **common)]
         elif args.kind == "encoder":
             sizes = options.encoder_sizes(args)

@@ -141,7 +141,7 @@ def _text_encoder_parser() -> argparse.ArgumentParser:
         help=f"max abs of the embeddings against your model (default {DEFAULT_TEXT_TOLERANCE:g}); cosine at "
         "least 0.99999 always",
     )
-    parser.add_argument("--check-texts", type=Path, metavar="FILE", help="texts of yours, one a line, for parity")
+    _add_texts(parser)
     parser.add_argument(
         "--quantize",
         choices=("int8",),
@@ -171,6 +171,18 @@ def _add_text_head(parser: argparse.ArgumentParser) -> None:
     norm.add_argument("--normalize", dest="normalize", action="store_const", const=True, help="L2-normalize")
     norm.add_argument("--no-normalize", dest="normalize", action="store_const", const=False, help="do not")
     parser.set_defaults(normalize=None)  # a Normalize module in modules.json, else none
+
+
+def _add_texts(parser: argparse.ArgumentParser) -> None:
+    """The text files of a text encoder's export: UTF-8, one text a line, blank lines skipped."""
+    parser.add_argument("--check-texts", type=Path, metavar="FILE", help="texts of yours, one a line, for parity")
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help="texts like the traffic to come, UTF-8, one a line: the drift monitor's baseline (each LayerNorm's "
+        "per-token input mean and std) is measured on them (default: the parity texts, of several languages)",
+    )
 
 
 def _kind_parser(kind: str, module: str, checkpoint: str) -> argparse.ArgumentParser:

@@ -2,8 +2,9 @@
 
 The folder is refused by name before anything is loaded when normserve cannot serve it (textsource.py). Otherwise
 the version is staged whole (versions.py): model.onnx, weights.npz (what the NumPy reference reads), the tokenizer
-files, and the manifest with the parity figures; it lands only when the tokens equal the model's own tokenizer's
-and every parity holds.
+files, and the manifest with the parity figures and the drift monitor's baseline (measured on `--calibration`'s
+texts, else the parity texts); it lands only when the tokens equal the model's own tokenizer's and every parity
+holds.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ import onnxruntime as ort
 from app.core.repository import MODEL_FILE, WEIGHTS_FILE
 from app.core.textencoder import TextInput
 from app.core.textreference import TextConfig
-from app.export import builds, graph, textgraph, textparity, textquantize, textsource, versions
+from app.export import baselines, builds, graph, textgraph, textparity, textquantize, textsource, versions
 from app.export.builds import ParityError
 from app.export.exporter import Exported, check_opset, commit_version, writing
 
 Progress = Callable[[str], None]
 DEFAULT_TOLERANCE = 2e-5  # max abs of the embeddings against the user's model (API.md section 12)
+# Calibration texts per run of the graph: a run is padded to its longest text, so this bounds its memory as the
+# server's token budget does (16 texts of 256 tokens of all-MiniLM-L6-v2: ~56 KiB per token, ~0.23 GB at the peak).
+CALIBRATION_BATCH = 16
 
 
 def export_text_encoder(
@@ -38,18 +42,17 @@ def export_text_encoder(
     normalize: bool | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     check_texts: Path | None = None,
+    calibration: Path | None = None,
     version: int | None = None,
     opset: int = 18,
     quantize: str | None = None,
     progress: Progress | None = None,
 ) -> Exported:
-    """The folder at hf as version `version` of name (default: the next); pooling, normalize and max_seq_length
-    override the folder's; quantize "int8" quantizes the checked graph (textquantize.py). Nothing lands unless every
-    check holds."""
+    """hf as version `version` of name (default: the next), the flags over its head; lands only if every check holds."""
     say = progress or (lambda _message: None)
     check_opset(opset)
     source, head, config = _read(Path(hf), pooling, normalize, max_seq_length)
-    batch = textparity.texts(head.max_seq_length, check_texts)
+    batch, calibrating = _texts(head, check_texts, calibration)
     started = time.perf_counter()
     model, wrapper = _loaded(source, head, config, say)
     root = Path(repository)
@@ -64,7 +67,8 @@ def export_text_encoder(
         parity = _parity(name, source, head, batch, tokens, session, wrapper, weights, config, tolerance, say)
         manifest["parity"] = {**parity, "tokenizer": checked}
         if quantize is not None:  # after every FP32 parity: what is quantized is the checked graph
-            manifest["quantization"] = _quantized(folder, session, tokens, name, quantize, say)
+            manifest["quantization"], session = _quantized(folder, session, tokens, name, quantize, say)
+        manifest["baseline"] = _baseline(folder, session, wrapper.names, (config, head), tokens, calibrating)
         manifest["source"] = {"class": type(model).__name__, "sentence_transformers": source.sentence_transformers}
         say(f"exported and checked {name} in {time.perf_counter() - started:.1f} s")
         return commit_version(root, name, folder, manifest, version)
@@ -88,14 +92,46 @@ def _loaded(
     return model, textgraph.TextEncoderGraph(model, head, config.has_token_types)
 
 
+def _texts(
+    head: textsource.Head, check_texts: Path | None, calibration: Path | None
+) -> tuple[list[str], tuple[str, list[str]] | None]:
+    """The parity texts, and --calibration's with how the manifest describes them: read before anything is written."""
+    batch = textparity.texts(head.max_seq_length, check_texts)
+    if calibration is None:
+        return batch, None
+    texts = textparity.read_texts(Path(calibration), "--calibration")
+    return batch, (f"--calibration {Path(calibration).name} ({len(texts)} texts), at real tokens", texts)
+
+
+def _baseline(
+    folder: Path,
+    session: ort.InferenceSession,
+    layer_norms: list[str],
+    served: tuple[TextConfig, textsource.Head],
+    parity_tokens: TextInput,
+    calibrating: tuple[str, list[str]] | None,
+) -> dict[str, Any]:
+    """The drift monitor's baseline: each LayerNorm's statistics as the served graph gives them on the calibration
+    texts, tokenized as served, CALIBRATION_BATCH at a time; else on the parity texts."""
+    if calibrating is None:
+        described, batches = "the parity texts, at real tokens", iter([parity_tokens])
+    else:
+        described, texts = calibrating
+        starts = range(0, len(texts), CALIBRATION_BATCH)
+        batches = (textparity.served_tokens(folder, texts[i : i + CALIBRATION_BATCH], *served)[0] for i in starts)
+    answers = ((textparity.run(session, tokens), tokens.attention_mask) for tokens in batches)
+    return baselines.manifest_entry(baselines.text_stats(answers, layer_norms), described)
+
+
 def _quantized(
     folder: Path, session: ort.InferenceSession, tokens: TextInput, name: str, quantize: str, say: Progress
-) -> dict[str, Any]:
-    """The checked FP32 graph replaced by its quantization (textquantize.py); its figures for the manifest."""
+) -> tuple[dict[str, Any], ort.InferenceSession]:
+    """The checked FP32 graph replaced by its quantization (textquantize.py): its figures for the manifest, and a
+    session of the graph as served."""
     fp32 = textparity.run(session, tokens)["sentence_embedding"]
     figures = textquantize.quantize(folder, tokens, fp32, name)
     say(f"quantized {name} to {quantize}: worst cosine {figures['worst_cosine_vs_fp32']:.5f}")
-    return figures
+    return figures, ort.InferenceSession(str(folder / MODEL_FILE), providers=["CPUExecutionProvider"])
 
 
 def _write_weights_and_tokenizer(folder: Path, model: Any, source: textsource.TextSource) -> dict[str, np.ndarray]:

@@ -50,12 +50,25 @@ def texts(max_seq_length: int, check_texts: Path | None) -> list[str]:
     """The built-in texts, one longer than the maximum length (a word is at least one token), and the user's."""
     words = MEDIUM.split()
     longer = " ".join(words[i % len(words)] for i in range(max_seq_length + 1))
-    own: list[str] = []
-    if check_texts is not None:
-        own = [line for line in Path(check_texts).read_text(encoding="utf-8").splitlines() if line.strip()]
-        if not own:
-            raise ValueError(f"--check-texts {check_texts}: no text in it; expected one text a line")
+    own = [] if check_texts is None else read_texts(Path(check_texts), "--check-texts")
     return [*BUILT_IN, longer, *own]
+
+
+def read_texts(path: Path, flag: str) -> list[str]:
+    """A UTF-8 file's texts, one a line, blank lines skipped; ValueError naming flag and path when there are none,
+    the file cannot be read or is not UTF-8 (before anything is written)."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot be read ({e.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{flag} {path}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    own = [line for line in text.splitlines() if line.strip()]
+    if not own:
+        raise ValueError(f"{flag} {path}: no text in it; expected one text a line")
+    return own
 
 
 def served_tokens(folder: Path, batch: Sequence[str], config: TextConfig, head: Head) -> tuple[TextInput, list[int]]:

@@ -7,6 +7,7 @@ names the model its request asks for, turns the body into that model's input, an
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from app.core.model import Model
 from app.core.modelmonitor import output_statistics, sampled
+from app.core.textbatching import Pooled
 from app.server.telemetry import metrics
 from app.server.telemetry.timer import InferTimer
 
@@ -115,14 +117,30 @@ class Job(Generic[W, P]):
         request, wire = self._decoded
         self._decoded = None
         run = getattr(self.codec, "run", None)  # a request whose work is not the model's inference (/tokenize)
+        monitoring = run is None and bool(self.model.monitor.layers) and sampled(self.model.monitor_sample)
+        if monitoring:
+            request = monitored(request)
         result = self.model.infer(request) if run is None else run(self.model, request)
-        if run is None and self.model.monitor.layers and sampled(self.model.monitor_sample):  # in the request's thread
-            self.model.monitor.observe(output_statistics(result, _padding(request)))
+        if monitoring:  # in the request's thread
+            observe(self.model, request, result)
         del request
         self.timer.mark("compute_infer")
         payload = self.codec.encode(self.model, wire, result)
         self.timer.mark("compute_output")
         return payload
+
+
+def monitored(request: Any) -> Any:
+    """The request as the monitor needs it run. A pooled text keeps its statistics only when asked (/v1/embeddings'
+    return_layer_norms): the monitor asks too, and the codec still answers only what the client asked for."""
+    if isinstance(request, Pooled) and not request.layer_norms:
+        return dataclasses.replace(request, layer_norms=True)
+    return request
+
+
+def observe(model: Model, request: Any, result: Any) -> None:
+    """The monitor's work on one answer: each LayerNorm's statistics at its real positions counted."""
+    model.monitor.observe(output_statistics(result, _padding(request)))
 
 
 def _padding(request: Any) -> Any:

@@ -21,11 +21,12 @@ import pytest
 import torch
 import transformers
 
-from app.core import textreference
+from app.core import monitor, textreference
+from app.core.textencoder import TextInput
 from app.core.textreference import TextConfig
 from app.export.exporter import main
 from app.export.textexport import export_text_encoder
-from app.export.textparity import COSINE_MIN, REFERENCE_ATOL, TokenizerMismatch, check_tokens, served_tokens
+from app.export.textparity import COSINE_MIN, REFERENCE_ATOL, TokenizerMismatch, check_tokens, served_tokens, texts
 from app.export.textsource import Head
 from tests.textmodels import MODEL_TYPES, TinyModel, sentence_transformers_folder, tiny_model
 
@@ -169,6 +170,80 @@ def test_the_written_weights_give_the_graphs_answers_in_the_numpy_reference(
     for name, (mean, std) in ref.layer_norms.items():
         assert np.abs(got[f"{name}.mean"][real] - mean[real]).max() <= REFERENCE_ATOL, name
         assert np.abs(got[f"{name}.std"][real] - std[real]).max() <= REFERENCE_ATOL, name
+
+
+@pytest.mark.parametrize("case_id", CASES)
+def test_the_baseline_is_each_layernorms_statistics_at_the_parity_texts_real_tokens(
+    cases: dict[str, Case], case_id: str
+) -> None:
+    case = cases[case_id]
+    baseline = case.manifest["baseline"]
+    assert baseline["inputs"] == "the parity texts, at real tokens"
+    # The names the graph's statistics and the monitor's `layer` label take (the manifest's keys are sorted).
+    assert sorted(baseline["layers"]) == sorted(case.manifest["layer_norms"])
+    config = TextConfig.from_manifest(case.manifest)
+    tokens, _ = served_tokens(case.version, texts(case.head.max_seq_length, None), config, case.head)
+    _assert_baseline_is_the_references(case, baseline, tokens)
+
+
+def _assert_baseline_is_the_references(case: Case, baseline: dict[str, Any], tokens: TextInput) -> None:
+    """Each layer's quantiles those of the float64 reference's statistics at the real tokens (the graph's are within
+    REFERENCE_ATOL of them, whatever the CPU)."""
+    with np.load(case.version / "weights.npz") as npz:
+        weights = {k: npz[k] for k in npz.files}
+    config = TextConfig.from_manifest(case.manifest)
+    ref = textreference.encode(weights, config, tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)
+    real = tokens.attention_mask.astype(bool)
+    for name, (mean, std) in ref.layer_norms.items():
+        want = monitor.baseline(mean[real], std[real]).to_json()
+        got = baseline["layers"][name]
+        assert (got["count"], got["levels"]) == (int(real.sum()), list(monitor.LEVELS)), name
+        for statistic in ("mean", "std"):
+            assert np.abs(np.subtract(got[statistic], want[statistic])).max() <= 2 * REFERENCE_ATOL, (name, statistic)
+
+
+CALIBRATION = [f"calibration text number {i}, {'a little longer ' * (i % 4)}than the last" for i in range(37)]
+
+
+def test_a_calibration_file_is_the_baseline_of_every_layernorm_in_batches(
+    cases: dict[str, Case], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """37 texts: three runs of the graph (16 a run), each padded to its own longest text; blank lines skipped."""
+    file = tmp_path / "english.txt"
+    file.write_text("\n".join([*CALIBRATION[:20], "", "  ", *CALIBRATION[20:]]) + "\n", encoding="utf-8")
+    case = cases["bert"]
+    root = tmp_path / "models"
+    argv = ["text-encoder", "--name", "bert", "--hf", str(case.folder), "--model-dir", str(root)]
+    assert main([*argv, "--calibration", str(file)]) == 0, capsys.readouterr().err
+    manifest = json.loads((root / "bert" / "1" / "manifest.json").read_text())
+    baseline = manifest["baseline"]
+    assert baseline["inputs"] == "--calibration english.txt (37 texts), at real tokens"
+    assert sorted(baseline["layers"]) == sorted(manifest["layer_norms"])
+    tokens, _ = served_tokens(root / "bert" / "1", CALIBRATION, TextConfig.from_manifest(manifest), case.head)
+    _assert_baseline_is_the_references(dataclasses.replace(case, version=root / "bert" / "1"), baseline, tokens)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot be read (No such file or directory)"),
+        (b"", "no text in it; expected one text a line"),
+        (b"\n   \n\n", "no text in it; expected one text a line"),
+        (b"caf\xc3\xa9\nna\xefve\n", "not UTF-8 (byte 0xef at offset 8)"),
+    ],
+    ids=["missing", "empty", "blank-lines", "latin-1"],
+)
+def test_a_calibration_file_without_texts_is_refused_naming_it_and_nothing_is_written(
+    cases: dict[str, Case], tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | None, message: str
+) -> None:
+    file = tmp_path / "calibration.txt"
+    if content is not None:
+        file.write_bytes(content)
+    root = tmp_path / "models"
+    argv = ["text-encoder", "--name", "x", "--hf", str(cases["bert"].folder), "--model-dir", str(root)]
+    assert main([*argv, "--calibration", str(file)]) == 1
+    assert capsys.readouterr().err == f"normserve export: error: --calibration {file}: {message}\n"
+    assert not root.exists()
 
 
 def test_the_served_tokenizer_gives_the_models_own_ids_and_a_changed_id_is_refused(cases: dict[str, Case]) -> None:

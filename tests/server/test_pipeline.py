@@ -12,10 +12,12 @@ import pytest
 from app.core.dataplane import EncodeInput, NormalizeInput, NormalizeOutput
 from app.core.model import Model
 from app.core.seeds import SEED003
+from app.core.textbatching import Pooled
+from app.core.textencoder import TextInput
 from app.errors import InvalidInput
 from app.server.api.rest import codec
 from app.server.dataplane import INLINE_BODY_BYTES
-from app.server.pipeline import Job
+from app.server.pipeline import Job, monitored
 from app.server.telemetry.timer import STAGES, InferTimer
 from app.server.worker import Worker
 from app.settings import Settings
@@ -172,3 +174,22 @@ def test_a_text_encoders_tiny_request_runs_off_the_event_loop(tiny_bert: Any) ->
     answer, loop = asyncio.run(scenario())
     assert answer.shape == (1, tiny_bert.config.hidden_size) and worker.admission.count() == 0
     assert threads["encode"] != loop
+
+
+@pytest.mark.parametrize("asked", [False, True], ids=["not-asked", "asked"])
+def test_a_pooled_text_keeps_its_statistics_for_the_monitor_whatever_the_client_asked(asked: bool) -> None:
+    ids = np.array([[2, 7, 9, 3], [2, 8, 3, 0]])
+    request = Pooled(ids, (ids != 0).astype(np.int64), None, layer_norms=asked)
+    got = monitored(request)
+    assert isinstance(got, Pooled) and got.layer_norms is True
+    assert np.array_equal(got.input_ids, ids) and np.array_equal(got.attention_mask, request.attention_mask)
+    assert request.layer_norms is asked  # the codec reads the client's choice from its own copy
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [NormalizeInput(np.ones((2, 3), np.float32)), TextInput(np.array([[2, 3]]), np.array([[1, 1]]))],
+    ids=["normalize", "text-as-sent"],
+)
+def test_other_requests_go_to_the_monitor_as_they_are(request_: Any) -> None:
+    assert monitored(request_) is request_

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from benchmarks.servers import HOST, Server, free_port, server_process
+from tests import drifttexts
 from tests.live_server import ROOT, cli_server, server_env
 from tests.polling import wait_until
 from tests.server.prometheus import Samples, parse
@@ -408,10 +409,16 @@ class DriftStack:
 @pytest.fixture(scope="module")
 def drift_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DriftStack]:
     """One worker with a DRIFT_WINDOW_S window, scraped each second by Prometheus with the test copy of the rules."""
-    tmp = tmp_path_factory.mktemp("drift")
-    env = server_env({"NORMSERVE_MONITOR_WINDOW_S": str(DRIFT_WINDOW_S), "TMPDIR": str(tmp)})
+    with _drift_stack(tmp_path_factory.mktemp("drift"), {"NORMSERVE_MONITOR_WINDOW_S": str(DRIFT_WINDOW_S)}) as stack:
+        yield stack
+
+
+@contextmanager
+def _drift_stack(tmp: Path, settings: dict[str, str], timeout: float = 90.0) -> Iterator[DriftStack]:
+    """`normserve serve` (one worker) with the settings, scraped each second by Prometheus with the rules' test copy."""
+    env = server_env(settings | {"TMPDIR": str(tmp)})
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    with cli_server([str(Path(sys.executable).parent / "normserve"), "serve"], env) as replica:
+    with cli_server([str(Path(sys.executable).parent / "normserve"), "serve"], env, timeout=timeout) as replica:
         config_path = scrape_config(f"{HOST}:{replica.port}", tmp)
         config = yaml.safe_load(config_path.read_text())
         config["rule_files"] = [str(drift_rules(tmp))]
@@ -428,9 +435,9 @@ def _send(base: str, scale: float, n: int, seed: int = 0) -> None:
             assert r.status_code == 200, r.text
 
 
-def _drift(api: str) -> dict[str, tuple[float, float]]:
-    """(PSI, samples) per layer of the encoder, as Prometheus has them."""
-    labels = '{job="normserve", model="encoder", version="1"}'
+def _drift(api: str, model: str = "encoder") -> dict[str, tuple[float, float]]:
+    """(PSI, samples) per layer of the model's version 1, as Prometheus has them."""
+    labels = f'{{job="normserve", model="{model}", version="1"}}'
     psi = by(api, f"normserve_layernorm_drift{labels}", "layer")
     samples = by(api, f"normserve_layernorm_drift_samples{labels}", "layer")
     return {layer: (psi[(layer,)], samples[(layer,)]) for (layer,) in samples}
@@ -483,3 +490,81 @@ def test_pending_requests_and_queue_time_move_under_a_burst_and_return_to_zero(d
     wait_until(lambda: by(api, 'normserve_pending_requests{job="normserve", model="encoder"}') == {(): 0.0}, "idle")
     slow = 'normserve_queue_seconds_bucket{job="normserve", model="encoder", le="0.0005"}'
     assert by(api, count)[()] - before > 0 and by(api, slow).get((), 0.0) < by(api, count)[()]
+
+
+# ---- the same for a text encoder: a real model fed another language ---------------------------------------------
+
+TEXT_WINDOW_S = 30  # the English traffic (5 requests) must stay in the window while Prometheus reads it
+TEXTS_PER_REQUEST = 8
+
+
+@pytest.fixture(scope="module")
+def text_drift_stack(tmp_path_factory: pytest.TempPathFactory, minilm_export: Any) -> Iterator[DriftStack]:
+    """all-MiniLM-L6-v2 exported with an English calibration file (tests/conftest.py), served by one worker with a
+    TEXT_WINDOW_S window, scraped each second by Prometheus with the test copy of the rules."""
+    settings = {"NORMSERVE_MODEL_DIR": str(Path(minilm_export.folder).parent.parent)}
+    settings["NORMSERVE_MONITOR_WINDOW_S"] = str(TEXT_WINDOW_S)
+    with _drift_stack(tmp_path_factory.mktemp("text-drift"), settings, timeout=300) as stack:
+        yield stack
+
+
+def _embed(base: str, inputs: Sequence[str | list[int]]) -> int:
+    """Texts (or token ids) through POST /v1/embeddings, TEXTS_PER_REQUEST a request (statistics not asked for); the
+    tokens the model ran (usage), which are the positions the monitor counts."""
+    tokens = 0
+    with httpx.Client(base_url=base, timeout=120) as c:
+        for i in range(0, len(inputs), TEXTS_PER_REQUEST):
+            r = c.post("/v1/embeddings", json={"model": "minilm", "input": inputs[i : i + TEXTS_PER_REQUEST]})
+            assert r.status_code == 200, r.text
+            assert "layer_norms" not in r.json()["data"][0]  # the monitor's statistics stay out of the answer
+            tokens += r.json()["usage"]["prompt_tokens"]
+    return tokens
+
+
+def random_token_ids(texts: int, seed: int) -> list[list[int]]:
+    """[CLS] 8 to 19 ids drawn from all-MiniLM-L6-v2's vocabulary past its [unused] ones [SEP], per text."""
+    rng = np.random.default_rng(seed)
+    return [[101, *rng.integers(1000, 30522, size=int(rng.integers(8, 20))).tolist(), 102] for _ in range(texts)]
+
+
+SHIFTS: dict[str, Callable[[int], Sequence[str | list[int]]]] = {
+    "other-languages": lambda _: drifttexts.OTHER_LANGUAGES,  # Chinese, Japanese, Russian
+    "random-token-ids": lambda seed: random_token_ids(40, seed),
+}
+
+
+@pytest.mark.slow  # the session's all-MiniLM-L6-v2 export: 23 s idle, minutes beside other jobs
+@pytest.mark.parametrize("shift", list(SHIFTS))
+def test_a_text_encoder_is_stable_on_english_and_drifts_on_other_inputs(
+    text_drift_stack: DriftStack, shift: str
+) -> None:
+    api = text_drift_stack.api
+    quiet = lambda: all(s == 0 for _, s in _drift(api, "minilm").values()) and not _alerts(api, "firing")  # noqa: E731
+    wait_until(quiet, "the window empty of earlier traffic, no alert firing", timeout=TEXT_WINDOW_S + 20)
+    tokens = _embed(text_drift_stack.base, drifttexts.IN_DISTRIBUTION)  # other English sentences than calibrated
+    assert tokens >= 500  # past the rules' sample floor: a stable reading is evidence, not an empty window
+    counted = lambda: all(s == tokens for _, s in _drift(api, "minilm").values())  # noqa: E731
+    wait_until(counted, "Prometheus scrapes every real token", timeout=20)
+    stable = _drift(api, "minilm")
+    print(f"English PSI per layer ({tokens} tokens): { {k: round(v[0], 4) for k, v in stable.items()} }")
+    assert len(stable) == 13 and all(psi < 0.1 for psi, _ in stable.values()), stable
+    time.sleep(3)  # past the test rules' `for:`
+    assert [a for a in _alerts(api, "pending") + _alerts(api, "firing") if a["model"] == "minilm"] == []
+
+    # Another language: the embeddings' LayerNorm, which sees the tokens, fires (the runbook's sign of new inputs).
+    # Random ids of the same vocabulary: whichever LayerNorm crosses first.
+    awaited = "embeddings.LayerNorm" if shift == "other-languages" else None
+    deadline = time.monotonic() + TEXT_WINDOW_S
+    fired: list[dict[str, str]] = []
+    seed = 0
+    while not any(awaited in (None, a["layer"]) for a in fired) and time.monotonic() < deadline:
+        _embed(text_drift_stack.base, SHIFTS[shift](seed))
+        seed += 1
+        time.sleep(1)
+        fired = [a for a in _alerts(api, "firing") if a["severity"] == "critical" and a["model"] == "minilm"]
+    shifted = _drift(api, "minilm")
+    print(f"{shift} PSI per layer: { {k: round(v[0], 4) for k, v in shifted.items()} }")
+    assert fired and all(shifted[a["layer"]][0] > 0.25 for a in fired), (fired, shifted)
+    assert {(a["model"], a["version"]) for a in fired} == {("minilm", "1")}
+    if awaited is not None:
+        assert shifted[awaited][0] > 0.25 and awaited in {a["layer"] for a in fired}, (fired, shifted)

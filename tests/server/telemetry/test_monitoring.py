@@ -93,3 +93,38 @@ def test_each_request_has_a_queue_time_and_none_stays_pending(client: httpx.Clie
 
 def _v2_rows(rows: int) -> dict[str, object]:
     return {"inputs": [{"name": "input", "shape": [rows, 3], "datatype": "FP32", "data": [0.5, 1.0, 2.0] * rows}]}
+
+
+@pytest.fixture(scope="module")
+def text_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Client, list[str]]]:
+    """A tiny random BERT exported as `tiny` (its baseline on the parity texts), served alone; its LayerNorms."""
+    from app.export.textexport import export_text_encoder
+    from tests.textmodels import tiny_model
+
+    folder = tmp_path_factory.mktemp("text-monitor")
+    done = export_text_encoder(folder / "models", "tiny", tiny_model(folder / "hf", "bert").path)
+    env = {"NORMSERVE_MODEL_DIR": str(folder / "models"), "NORMSERVE_MONITOR_WINDOW_S": "86400"}
+    with live_server(env) as base, httpx.Client(base_url=base, timeout=60) as c:
+        yield c, done.manifest["layer_norms"]
+
+
+@pytest.mark.parametrize("asked", [False, True], ids=["statistics-not-asked", "statistics-asked"])
+def test_every_real_token_of_v1_embeddings_counts_in_each_layernorms_window(
+    text_server: tuple[httpx.Client, list[str]], asked: bool
+) -> None:
+    """Texts of different lengths (padded together): the tokens the model ran count, padding never; the answer
+    carries the statistics only when the client asks for them."""
+    client, layers = text_server
+    texts = ["a", "Hello, world!", "The quick brown fox jumps over the lazy dog."]
+    before = scrape(client)
+    r = client.post("/v1/embeddings", json={"model": "tiny", "input": texts, "return_layer_norms": asked})
+    assert r.status_code == 200, r.text
+    tokens = r.json()["usage"]["prompt_tokens"]
+    assert all(("layer_norms" in item) is asked for item in r.json()["data"])
+    labels = {"model": "tiny", "version": "1", "layer": layers[-1]}
+    after = scrape_until_moved(client, before, "normserve_layernorm_drift_samples", tokens, **labels)
+    counted = {
+        layer: delta(before, after, "normserve_layernorm_drift_samples", **(labels | {"layer": layer}))
+        for layer in layers
+    }
+    assert counted == dict.fromkeys(layers, float(tokens))
