@@ -72,7 +72,7 @@ def test_a_missing_extra_is_one_line_naming_it(base_venv: Path, args: list[str],
     [
         (
             ["bench", "--sections", "floor,nope"],
-            "normserve bench: error: unknown sections ['nope']; expected some of pinned,floor,codecs,http,batching,memory,embeddings",
+            "normserve bench: error: unknown sections ['nope']; expected some of pinned,floor,codecs,http,batching,monitor,memory,embeddings",
         ),
         (["export", "--d-model", "x"], "normserve export: error: argument --d-model: invalid int value: 'x'"),
         (
