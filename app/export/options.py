@@ -148,6 +148,13 @@ def _text_encoder_parser() -> argparse.ArgumentParser:
         help="onnxruntime's dynamic INT8 quantization of the checked graph, refused unless every check text keeps "
         "cosine 0.99 with the FP32 model",
     )
+    parser.add_argument(
+        "--optimize",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write the graph fused by onnxruntime's transformer optimizer (Attention, SkipLayerNormalization, ...) "
+        "when it keeps every parity, else the plain one (default: on)",
+    )
     parser.add_argument("--version", type=version_number, help="write this version, replacing it (default: the next)")
     parser.add_argument(
         "--repository", "--model-dir", type=Path, default=Path("models"), help="model repository (default: models)"

@@ -8,6 +8,7 @@ and every parity holds.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import time
 from collections.abc import Callable
@@ -15,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from app.core.repository import MODEL_FILE, WEIGHTS_FILE
 from app.core.textencoder import TextInput
 from app.core.textreference import TextConfig
-from app.export import builds, graph, textgraph, textparity, textquantize, textsource, versions
+from app.export import builds, graph, textfusion, textgraph, textparity, textquantize, textsource, versions
 from app.export.builds import ParityError
 from app.export.exporter import Exported, check_opset, commit_version, writing
 
@@ -41,11 +43,13 @@ def export_text_encoder(
     version: int | None = None,
     opset: int = 18,
     quantize: str | None = None,
+    optimize: bool = True,
     progress: Progress | None = None,
 ) -> Exported:
     """The folder at hf as version `version` of name (default: the next); pooling, normalize and max_seq_length
-    override the folder's; quantize "int8" quantizes the checked graph (textquantize.py). Nothing lands unless every
-    check holds."""
+    override the folder's; optimize writes the graph fused by onnxruntime's optimizer (textfusion.py) when it keeps
+    every parity, else the plain graph; quantize "int8" quantizes the checked graph (textquantize.py). Nothing lands
+    unless every check holds."""
     say = progress or (lambda _message: None)
     check_opset(opset)
     source, head, config = _read(Path(hf), pooling, normalize, max_seq_length)
@@ -55,14 +59,25 @@ def export_text_encoder(
     root = Path(repository)
     with writing(root, say), versions.staging(root, name) as folder:
         say(f"exporting {name} (text-encoder, opset {opset}) ...")
-        proto, inputs, outputs = textgraph.to_onnx(wrapper, config, opset)
-        manifest: dict[str, Any] = {"kind": "text-encoder", **graph.write_onnx(folder, proto), **builds.provenance()}
+        plain, inputs, outputs = textgraph.to_onnx(wrapper, config, opset)
+        fused, fusion = _fused(plain, config, optimize, say)
+        manifest: dict[str, Any] = {"kind": "text-encoder", **graph.write_onnx(folder, fused), **builds.provenance()}
         session = graph.load_session(folder / MODEL_FILE, inputs, outputs)
         weights = _write_weights_and_tokenizer(folder, model, source)
         tokens, checked = _served_tokens_checked(folder, source, batch, config, head)
         manifest |= {"config": source.config, **textsource.manifest_head(head), "layer_norms": wrapper.names}
-        parity = _parity(name, source, head, batch, tokens, session, wrapper, weights, config, tolerance, say)
-        manifest["parity"] = {**parity, "tokenizer": checked}
+        check = functools.partial(_parity, name, source, head, batch, tokens, wrapper=wrapper, weights=weights)
+        try:
+            parity = check(session, config=config, tolerance=tolerance, say=say)
+        except ParityError as e:
+            if fused is plain:
+                raise
+            say(f"the fused graph of {name} misses parity; checking the plain graph ({e})")
+            fusion = {**fusion, "fused": False, "refused": str(e)}
+            manifest |= graph.write_onnx(folder, plain)
+            session = graph.load_session(folder / MODEL_FILE, inputs, outputs)
+            parity = check(session, config=config, tolerance=tolerance, say=say)
+        manifest |= {"parity": {**parity, "tokenizer": checked}, "fusion": fusion}
         if quantize is not None:  # after every FP32 parity: what is quantized is the checked graph
             manifest["quantization"] = _quantized(folder, session, tokens, name, quantize, say)
         manifest["source"] = {"class": type(model).__name__, "sentence_transformers": source.sentence_transformers}
@@ -86,6 +101,21 @@ def _loaded(
     say(f"loading {source.path} ({source.model_type}, {head.pooling} pooling, max {head.max_seq_length} tokens) ...")
     model = textgraph.load_model(source.path)
     return model, textgraph.TextEncoderGraph(model, head, config.has_token_types)
+
+
+def _fused(
+    plain: onnx.ModelProto, config: TextConfig, optimize: bool, say: Progress
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """The graph to check first: the fused one (optimize), or the plain one; the manifest's "fusion" record."""
+    if not optimize:
+        return plain, {"fused": False}
+    try:
+        fused, counts = textfusion.fuse(plain, config)
+    except Exception as e:  # the optimizer matches patterns of its own: a model it fails on is served plain
+        say(f"not fused: onnxruntime's optimizer failed ({type(e).__name__}: {e}); the plain graph is checked")
+        return plain, {"fused": False, "refused": f"{type(e).__name__}: {e}"}
+    say(f"fused: {', '.join(f'{n} {op}' for op, n in counts.items() if n)} (onnxruntime.transformers.optimizer)")
+    return fused, {"fused": True, "method": "onnxruntime.transformers.optimizer", "operators": counts}
 
 
 def _quantized(
@@ -124,6 +154,7 @@ def _parity(
     batch: list[str],
     tokens: TextInput,
     session: ort.InferenceSession,
+    *,
     wrapper: textgraph.TextEncoderGraph,
     weights: dict[str, np.ndarray],
     config: TextConfig,

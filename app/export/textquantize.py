@@ -27,7 +27,7 @@ COSINE_MIN = 0.99  # per text, INT8 against FP32 (issue 39)
 # 0.92 (int8) and 0.96 (uint8), per-channel 0.975 and 0.981, per-channel uint8 with the feed-forward down projections
 # left in float32 0.990 (their input, the GELU's output, spans the widest range). The attention's
 # activation-by-activation MatMuls stay float32 too (quantized as well, per-tensor int8 with reduce_range: 0.77).
-EXTRA_OPTIONS = {"MatMulConstBOnly": True}
+EXTRA_OPTIONS = {"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT}
 OPS = ["MatMul"]  # weights only: the embeddings' Gather and the LayerNorm statistics stay float32
 
 
