@@ -151,9 +151,10 @@ def _text_encoder_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--optimize",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=False,
         help="write the graph fused by onnxruntime's transformer optimizer (Attention, SkipLayerNormalization, ...) "
-        "when it keeps every parity, else the plain one (default: on)",
+        "when it keeps every parity, else the plain one (default: off; not with --quantize, which quantizes the "
+        "plain graph)",
     )
     parser.add_argument("--version", type=version_number, help="write this version, replacing it (default: the next)")
     parser.add_argument(

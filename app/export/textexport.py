@@ -43,13 +43,13 @@ def export_text_encoder(
     version: int | None = None,
     opset: int = 18,
     quantize: str | None = None,
-    optimize: bool = True,
+    optimize: bool = False,
     progress: Progress | None = None,
 ) -> Exported:
     """The folder at hf as version `version` of name (default: the next); pooling, normalize and max_seq_length
     override the folder's; optimize writes the graph fused by onnxruntime's optimizer (textfusion.py) when it keeps
-    every parity, else the plain graph; quantize "int8" quantizes the checked graph (textquantize.py). Nothing lands
-    unless every check holds."""
+    every parity, else the plain graph; quantize "int8" quantizes the checked plain graph (textquantize.py: its INT8
+    runs faster than the fused graph's). Nothing lands unless every check holds."""
     say = progress or (lambda _message: None)
     check_opset(opset)
     source, head, config = _read(Path(hf), pooling, normalize, max_seq_length)
@@ -60,7 +60,7 @@ def export_text_encoder(
     with writing(root, say), versions.staging(root, name) as folder:
         say(f"exporting {name} (text-encoder, opset {opset}) ...")
         plain, inputs, outputs = textgraph.to_onnx(wrapper, config, opset)
-        fused, fusion = _fused(plain, config, optimize, say)
+        fused, fusion = _fused(plain, config, optimize and quantize is None, say)
         manifest: dict[str, Any] = {"kind": "text-encoder", **graph.write_onnx(folder, fused), **builds.provenance()}
         session = graph.load_session(folder / MODEL_FILE, inputs, outputs)
         weights = _write_weights_and_tokenizer(folder, model, source)
