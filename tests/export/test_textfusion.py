@@ -27,15 +27,8 @@ from app.export.textgraph import pool
 from app.export.textparity import COSINE_MIN, figures, served_tokens
 from app.export.textsource import Head
 from app.settings import Settings
+from tests.export.test_textexport import TOLERANCE, UNSEEN  # the same bounds and unseen texts as the plain graph's
 from tests.textmodels import LAYERS, MODEL_TYPES, TinyModel, tiny_model
-
-TOLERANCE = 2e-5  # the embeddings against the user's model (API.md section 12)
-UNSEEN = [  # none of these is among the built-in parity texts
-    "Résumés of naïve coöperation, déjà vu.",
-    "数据在这里。",
-    "Two short words",
-    "An unusually long sentence that keeps going on and on " * 6,
-]
 
 
 @dataclasses.dataclass(frozen=True)
