@@ -66,6 +66,7 @@ def test_the_manifest_records_attention_and_skip_layer_norm_fused_in_every_layer
     assert (fusion["fused"], fusion["method"]) == (True, "onnxruntime.transformers.optimizer")
     assert fusion["operators"]["Attention"] == LAYERS
     assert fusion["operators"]["SkipLayerNormalization"] == 2 * LAYERS
+    assert fusion["operators"][textfusion.STATISTICS] == 2 * LAYERS  # every layer's LayerNorms: read from the kernel
     assert {"Attention", "SkipLayerNormalization"} <= _ops(case.version)
     assert "Softmax" not in _ops(case.version)  # no attention left unfused
 
