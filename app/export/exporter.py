@@ -254,7 +254,7 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
 
             head = {"max_seq_length": args.max_sequence_length, "pooling": args.pooling, "normalize": args.normalize}
             text = {"check_texts": args.check_texts, "calibration": args.calibration, **head}
-            text |= {"version": args.version, "quantize": args.quantize}
+            text |= {"version": args.version, "quantize": args.quantize, "optimize": args.optimize}
             exported = [export_text_encoder(args.repository, args.name, args.hf, **text, **common)]
         elif args.kind == "encoder":
             sizes = options.encoder_sizes(args)

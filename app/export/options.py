@@ -142,18 +142,31 @@ def _text_encoder_parser() -> argparse.ArgumentParser:
         "least 0.99999 always",
     )
     _add_texts(parser)
-    parser.add_argument(
-        "--quantize",
-        choices=("int8",),
-        help="onnxruntime's dynamic INT8 quantization of the checked graph, refused unless every check text keeps "
-        "cosine 0.99 with the FP32 model",
-    )
+    _add_graph_choices(parser)
     parser.add_argument("--version", type=version_number, help="write this version, replacing it (default: the next)")
     parser.add_argument(
         "--repository", "--model-dir", type=Path, default=Path("models"), help="model repository (default: models)"
     )
     parser.add_argument("--opset", type=int, default=18, help="ONNX opset (default 18)")
     return parser
+
+
+def _add_graph_choices(parser: argparse.ArgumentParser) -> None:
+    """What graph is written: INT8 (--quantize) or fused (--optimize), each only past its checks."""
+    parser.add_argument(
+        "--quantize",
+        choices=("int8",),
+        help="onnxruntime's dynamic INT8 quantization of the checked graph, refused unless every check text keeps "
+        "cosine 0.99 with the FP32 model",
+    )
+    parser.add_argument(
+        "--optimize",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="write the graph fused by onnxruntime's transformer optimizer (Attention, SkipLayerNormalization, ...) "
+        "when it keeps every parity, else the plain one (default: off; not with --quantize, which quantizes the "
+        "plain graph)",
+    )
 
 
 def _add_text_head(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ holds.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import time
 from collections.abc import Callable
@@ -16,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from app.core.repository import MODEL_FILE, WEIGHTS_FILE
 from app.core.textencoder import TextInput
 from app.core.textreference import TextConfig
-from app.export import baselines, builds, graph, textgraph, textparity, textquantize, textsource, versions
+from app.export import baselines, builds, graph, textfusion, textgraph, textparity, textquantize, textsource, versions
 from app.export.builds import ParityError
 from app.export.exporter import Exported, check_opset, commit_version, writing
 
@@ -46,38 +48,71 @@ def export_text_encoder(
     version: int | None = None,
     opset: int = 18,
     quantize: str | None = None,
+    optimize: bool = False,
     progress: Progress | None = None,
 ) -> Exported:
-    """hf as version `version` of name (default: the next), the flags over its head; lands only if every check holds."""
+    """hf as version `version` of name (the next by default), flags over its head: --optimize fused if it keeps parity
+    (textfusion.py), --quantize INT8 of the plain graph (textquantize.py); nothing lands unless every check holds."""
     say = progress or (lambda _message: None)
-    check_opset(opset)
-    source, head, config = _read(Path(hf), pooling, normalize, max_seq_length)
+    source, head, config = _read(Path(hf), pooling, normalize, max_seq_length, opset)
     batch, calibrating = _texts(head, check_texts, calibration)
     started = time.perf_counter()
     model, wrapper = _loaded(source, head, config, say)
-    root = Path(repository)
-    with writing(root, say), versions.staging(root, name) as folder:
+    with writing(Path(repository), say), versions.staging(Path(repository), name) as folder:
         say(f"exporting {name} (text-encoder, opset {opset}) ...")
-        proto, inputs, outputs = textgraph.to_onnx(wrapper, config, opset)
-        manifest: dict[str, Any] = {"kind": "text-encoder", **graph.write_onnx(folder, proto), **builds.provenance()}
-        session = graph.load_session(folder / MODEL_FILE, inputs, outputs)
+        plain, *signature = textgraph.to_onnx(wrapper, config, opset)
+        fused, fusion = _fused(plain, config, optimize and quantize is None, say)
         weights = _write_weights_and_tokenizer(folder, model, source)
         tokens, checked = _served_tokens_checked(folder, source, batch, config, head)
-        manifest |= {"config": source.config, **textsource.manifest_head(head), "layer_norms": wrapper.names}
-        parity = _parity(name, source, head, batch, tokens, session, wrapper, weights, config, tolerance, say)
-        manifest["parity"] = {**parity, "tokenizer": checked}
+        check = functools.partial(_parity, name, source, head, batch, tokens, wrapper=wrapper, weights=weights)
+        check = functools.partial(check, config=config, tolerance=tolerance, say=say)
+        written, session, parity, fusion = _checked_graph(folder, name, (plain, fused), signature, (fusion, check), say)
+        manifest = _manifest(written, source, head, wrapper.names) | {"fusion": fusion, "parity": parity | checked}
         if quantize is not None:  # after every FP32 parity: what is quantized is the checked graph
             manifest["quantization"], session = _quantized(folder, session, tokens, name, quantize, say)
         manifest["baseline"] = _baseline(folder, session, wrapper.names, (config, head), tokens, calibrating)
         manifest["source"] = {"class": type(model).__name__, "sentence_transformers": source.sentence_transformers}
         say(f"exported and checked {name} in {time.perf_counter() - started:.1f} s")
-        return commit_version(root, name, folder, manifest, version)
+        return commit_version(Path(repository), name, folder, manifest, version)
+
+
+def _manifest(
+    written: dict[str, Any], source: textsource.TextSource, head: textsource.Head, layer_norms: list[str]
+) -> dict[str, Any]:
+    """The manifest's entries of the written file, the provenance, the folder's config, the head, the LayerNorms."""
+    manifest = {"kind": "text-encoder", **written, **builds.provenance(), "config": source.config}
+    return manifest | {**textsource.manifest_head(head), "layer_norms": layer_norms}
+
+
+def _checked_graph(
+    folder: Path,
+    name: str,
+    graphs: tuple[onnx.ModelProto, onnx.ModelProto],
+    signature: list[Any],
+    checking: tuple[dict[str, Any], Callable[[ort.InferenceSession], dict[str, Any]]],
+    say: Progress,
+) -> tuple[dict[str, Any], ort.InferenceSession, dict[str, Any], dict[str, Any]]:
+    """The graph written and checked: the fused one first when there is one, the plain one if it misses parity.
+    (manifest entries of the file, its session, its parity figures, the manifest's fusion record)."""
+    (plain, fused), (fusion, check) = graphs, checking
+    written = graph.write_onnx(folder, fused)
+    session = graph.load_session(folder / MODEL_FILE, *signature)
+    try:
+        return written, session, check(session), fusion
+    except ParityError as e:
+        if fused is plain:
+            raise
+        say(f"the fused graph of {name} misses parity; checking the plain graph ({e})")
+        written = graph.write_onnx(folder, plain)
+        session = graph.load_session(folder / MODEL_FILE, *signature)
+        return written, session, check(session), _refused(fusion, str(e))
 
 
 def _read(
-    hf: Path, pooling: str | None, normalize: bool | None, max_seq_length: int | None
+    hf: Path, pooling: str | None, normalize: bool | None, max_seq_length: int | None, opset: int
 ) -> tuple[textsource.TextSource, textsource.Head, TextConfig]:
     """The folder read and checked, its head with the user's overrides, the architecture the reference reads."""
+    check_opset(opset)
     source = textsource.read(hf)
     head = textsource.chosen_head(source, pooling, normalize, max_seq_length)
     return source, head, textsource.text_config(source, head)
@@ -123,6 +158,26 @@ def _baseline(
     return baselines.manifest_entry(baselines.text_stats(answers, layer_norms), described)
 
 
+def _refused(fusion: dict[str, Any], why: str) -> dict[str, Any]:
+    """The manifest's fusion record of a fused graph that missed parity: the plain graph was written instead."""
+    return {**fusion, "fused": False, "refused": why}
+
+
+def _fused(
+    plain: onnx.ModelProto, config: TextConfig, optimize: bool, say: Progress
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """The graph to check first: the fused one (optimize), or the plain one; the manifest's "fusion" record."""
+    if not optimize:
+        return plain, {"fused": False}
+    try:
+        fused, counts = textfusion.fuse(plain, config)
+    except Exception as e:  # the optimizer matches patterns of its own: a model it fails on is served plain
+        say(f"not fused: onnxruntime's optimizer failed ({type(e).__name__}: {e}); the plain graph is checked")
+        return plain, {"fused": False, "refused": f"{type(e).__name__}: {e}"}
+    say(f"fused: {', '.join(f'{n} {op}' for op, n in counts.items() if n)} (onnxruntime.transformers.optimizer)")
+    return fused, {"fused": True, "method": "onnxruntime.transformers.optimizer", "operators": counts}
+
+
 def _quantized(
     folder: Path, session: ort.InferenceSession, tokens: TextInput, name: str, quantize: str, say: Progress
 ) -> tuple[dict[str, Any], ort.InferenceSession]:
@@ -148,9 +203,10 @@ def _write_weights_and_tokenizer(folder: Path, model: Any, source: textsource.Te
 def _served_tokens_checked(
     folder: Path, source: textsource.TextSource, batch: list[str], config: TextConfig, head: textsource.Head
 ) -> tuple[TextInput, dict[str, Any]]:
-    """The parity texts as the server will tokenize them, and their check against the folder's own tokenizer."""
+    """The parity texts as the server will tokenize them, and their check against the folder's own tokenizer (the
+    manifest's parity entry "tokenizer")."""
     tokens, truncated = textparity.served_tokens(folder, batch, config, head)
-    return tokens, textparity.check_tokens(source.path, batch, tokens, head, truncated)
+    return tokens, {"tokenizer": textparity.check_tokens(source.path, batch, tokens, head, truncated)}
 
 
 def _parity(
@@ -160,6 +216,7 @@ def _parity(
     batch: list[str],
     tokens: TextInput,
     session: ort.InferenceSession,
+    *,
     wrapper: textgraph.TextEncoderGraph,
     weights: dict[str, np.ndarray],
     config: TextConfig,

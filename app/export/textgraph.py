@@ -63,6 +63,14 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, head: Head) -> torc
     return nn.functional.normalize(sentence, p=2, dim=1) if head.normalize else sentence
 
 
+def additive_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """The (B,1,T,T) float mask added to the attention scores: 0 where the key is a token, the lowest float where it
+    is padding (transformers 4's _expand_mask, whose exported ops onnxruntime's attention fusion matches)."""
+    b, t = attention_mask.shape
+    inverted = 1.0 - attention_mask[:, None, None, :].expand(b, 1, t, t).to(torch.float32)
+    return inverted.masked_fill(inverted.to(torch.bool), torch.finfo(torch.float32).min)
+
+
 class TextEncoderGraph(nn.Module):
     """The base model, pooled, with each LayerNorm's input mean and std (population, no eps) per token."""
 
@@ -85,9 +93,12 @@ class TextEncoderGraph(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *types: torch.Tensor) -> tuple[Any, ...]:
         self._captured = []
         extra = {"token_type_ids": types[0]} if self.token_types else {}
-        # The model called as its users call it: transformers builds the additive mask from the 2-D one, and does
-        # not skip it while traced (masking_utils checks is_tracing), so the graph keeps it for unpadded batches too.
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state  # B,T,C
+        # The additive mask built here, as transformers 4 built it (transformers 5 takes a 4-D mask as it is): the
+        # same values as transformers 5's own (0 at real tokens, float32's lowest at padding), in the form
+        # onnxruntime's optimizer fuses into Attention (textfusion.py), which transformers 5's is not.
+        hidden = self.model(
+            input_ids=input_ids, attention_mask=additive_mask(attention_mask), **extra
+        ).last_hidden_state  # B,T,C
         self.names = [name for name, _ in self._captured]
         stats: list[torch.Tensor] = []
         for _, x in self._captured:

@@ -27,7 +27,12 @@ COSINE_MIN = 0.99  # per text, INT8 against FP32 (issue 39)
 # 0.92 (int8) and 0.96 (uint8), per-channel 0.975 and 0.981, per-channel uint8 with the feed-forward down projections
 # left in float32 0.990 (their input, the GELU's output, spans the widest range). The attention's
 # activation-by-activation MatMuls stay float32 too (quantized as well, per-tensor int8 with reduce_range: 0.77).
-EXTRA_OPTIONS = {"MatMulConstBOnly": True}
+# Weights are int8 with reduce_range (7 bits): on x86 onnxruntime multiplies uint8 activations by int8 weights with
+# VPMADDUBSW, whose 16-bit pair sums saturate on full-range weights (per-channel int8 without reduce_range: 0.988);
+# with 7-bit weights 0.9915, and 1.47x FP32 in process against 1.31x for uint8 weights (one thread, process time,
+# medians on benchmarks/embedrows.py's texts; docs/benchmarks.md). Quantizing the down projections too
+# reaches 1.77x but keeps 0.975, with SmoothQuant's per-channel scaling (alpha 0.5) 0.977: not enough.
+EXTRA_OPTIONS = {"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT}
 OPS = ["MatMul"]  # weights only: the embeddings' Gather and the LayerNorm statistics stay float32
 
 
@@ -62,8 +67,9 @@ def quantize(folder: Path, tokens: TextInput, fp32_embeddings: np.ndarray, name:
     figures: dict[str, Any] = {
         "type": "int8",
         "method": "onnxruntime.quantization.quantize_dynamic",
-        "weight_type": "QUInt8",
+        "weight_type": "QInt8",
         "per_channel": True,
+        "reduce_range": True,
         "op_types": OPS,
         "float32_matmuls": len(kept),
         "worst_cosine_vs_fp32": worst,
@@ -89,8 +95,9 @@ def _quantize_dynamic(fp32: Path, int8: Path, kept: list[str]) -> None:
     quantize_dynamic(
         fp32,
         int8,
-        weight_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
         per_channel=True,
+        reduce_range=True,
         op_types_to_quantize=OPS,
         nodes_to_exclude=kept,
         extra_options=EXTRA_OPTIONS,

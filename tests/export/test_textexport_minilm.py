@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
 from app.core.textreference import TextConfig
+from app.export import textfusion
 from app.export.exporter import Exported
-from app.export.textparity import COSINE_MIN, REFERENCE_ATOL, served_tokens
+from app.export.textparity import COSINE_MIN, REFERENCE_ATOL, figures, served_tokens
 from app.export.textsource import Head
 from tests.drifttexts import CALIBRATION
 
@@ -54,16 +55,28 @@ def test_the_recorded_parity_against_sentence_transformers_torch_and_the_referen
         assert parity[what]["cosine"] >= COSINE_MIN and parity[what]["max_abs"] <= bound, (what, parity[what])
 
 
-def test_the_served_tokens_and_graph_answer_as_sentence_transformers_encode(exported: Exported) -> None:
-    """Tokenized from the written tokenizer.json as the server does, run as the server runs the graph."""
+def _sentence_transformers_figures(exported: Exported, graph: bytes | str) -> dict[str, float]:
+    """The graph on UNSEEN, tokenized from the written tokenizer.json as the server does, against encode."""
     folder = Path(exported.folder)
     tokens, _ = served_tokens(folder, UNSEEN, TextConfig.from_manifest(exported.manifest), HEAD)
-    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(graph, providers=["CPUExecutionProvider"])
     (got,) = session.run(["sentence_embedding"], tokens.feeds())
     model = sentence_transformers.SentenceTransformer(str(minilm.get_model_path()), device="cpu", local_files_only=True)
-    want = model.encode(UNSEEN, convert_to_numpy=True, show_progress_bar=False)
-    cosine = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
-    assert cosine.min() >= COSINE_MIN and np.abs(got - want).max() <= TOLERANCE
+    return figures(got, model.encode(UNSEEN, convert_to_numpy=True, show_progress_bar=False))
+
+
+def test_the_served_tokens_and_graph_answer_as_sentence_transformers_encode(exported: Exported) -> None:
+    worst = _sentence_transformers_figures(exported, str(Path(exported.folder) / "model.onnx"))
+    assert worst["cosine"] >= COSINE_MIN and worst["max_abs"] <= TOLERANCE, worst
+
+
+def test_the_fused_graph_answers_as_sentence_transformers_encode(exported: Exported) -> None:
+    """What `--optimize` writes: the written graph fused by onnxruntime's optimizer, within the same bounds."""
+    plain = onnx.load(str(Path(exported.folder) / "model.onnx"))
+    fused, counts = textfusion.fuse(plain, TextConfig.from_manifest(exported.manifest))
+    assert (counts["Attention"], counts["SkipLayerNormalization"], counts["EmbedLayerNormalization"]) == (6, 12, 1)
+    worst = _sentence_transformers_figures(exported, fused.SerializeToString())
+    assert worst["cosine"] >= COSINE_MIN and worst["max_abs"] <= TOLERANCE, worst
 
 
 def test_the_baseline_is_measured_on_the_english_calibration_file_at_every_layernorm(exported: Exported) -> None:
