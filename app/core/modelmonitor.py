@@ -35,6 +35,9 @@ from app.core.monitor import (
 # gathered, they cost one list append per answer. A gathering is binned at once when a reader asks
 # (report(), a Prometheus scrape) or once its oldest answer is a window slot old, so nothing is late by more.
 GATHER = 32
+# ... or once they hold this many statistics (positions x LayerNorms): a text encoder's answer of 256 texts of 256
+# tokens holds 13 x 65,536 of each, and 32 of them held 218 MB until binned.
+GATHER_VALUES = 16_384
 
 NO_BASELINE = "no baseline: this version was exported before the drift monitor; export it again to monitor it"
 
@@ -78,6 +81,7 @@ class ModelMonitor:
         self._clock, self._slot_s = clock, window_s / WINDOW_SLOTS
         self._gathered: list[Sequence[tuple[str, Array, Array]]] = []
         self._gathered_since = 0.0
+        self._gathered_values = 0
         self._gather_lock = threading.Lock()
 
     def observe(self, statistics: Sequence[tuple[str, Array, Array]]) -> None:
@@ -85,12 +89,14 @@ class ModelMonitor:
         (layers without a baseline skipped): gathered, binned with the next GATHER answers (see GATHER)."""
         if not self.layers:
             return
-        now = self._clock()
+        now, values = self._clock(), sum(np.size(std) for _, _, std in statistics)
         with self._gather_lock:
             if not self._gathered:
-                self._gathered_since = now
+                self._gathered_since, self._gathered_values = now, 0
             self._gathered.append(statistics)
-            if len(self._gathered) < GATHER and now - self._gathered_since < self._slot_s:
+            self._gathered_values += values
+            full = len(self._gathered) >= GATHER or self._gathered_values >= GATHER_VALUES
+            if not full and now - self._gathered_since < self._slot_s:
                 return
             batch, since, self._gathered = self._gathered, self._gathered_since, []
         self._bin(batch, since)

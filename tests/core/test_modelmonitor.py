@@ -155,3 +155,13 @@ def test_answers_gathered_before_the_window_passed_leave_it_when_read_late() -> 
     layer = mon.report()["layers"][0]
     assert (layer["samples"], layer["psi"]) == (0, None)
     assert std_histogram_count(mon) == 8  # the histograms are cumulative, as Prometheus'
+
+
+def test_a_gathering_holding_many_values_is_binned_before_it_is_full() -> None:
+    """Large answers are binned without waiting for GATHER of them: what is held stays bounded."""
+    mon = layernorm_monitor(Clock())
+    rows = modelmonitor.GATHER_VALUES // 2
+    mon.observe([(monitor.LAYERNORM_LAYER, np.zeros(rows), np.ones(rows))])
+    assert std_histogram_count(mon) == 0
+    mon.observe([(monitor.LAYERNORM_LAYER, np.zeros(rows), np.ones(rows))])
+    assert std_histogram_count(mon) == 2 * rows
